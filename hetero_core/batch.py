@@ -1,0 +1,93 @@
+"""What crosses the executor boundary each step: the batch in, the sampled tokens out.
+
+These classes are built once per step per sequence, so they are plain
+``attrs.define`` classes (cheap to create), not frozen ones. Executors must
+treat every field as read-only.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from hetero_core.params import GenerationParams
+
+
+@attrs.define
+class BlockCopy:
+    """Copy the whole KV contents of physical block ``src`` into block ``dst`` (copy-on-write)."""
+
+    src: int
+    dst: int
+
+
+@attrs.define
+class ScheduledSequence:
+    """One sequence's share of a step.
+
+    The executor computes ``token_ids`` at positions ``start_position``,
+    ``start_position + 1``, ... and writes their keys and values into the
+    cache slots given by ``block_table``: the token at position ``p`` goes
+    to slot ``block_table[p // block_size] * block_size + p % block_size``.
+    The tokens before ``start_position`` are already in the cache (attention
+    must read them through the same block table). When ``do_sample`` is set,
+    the executor samples the token that follows the last of ``token_ids``
+    and returns it; otherwise (a prefill chunk that is not the prompt's last)
+    it returns nothing for this sequence.
+    """
+
+    seq_id: int
+    token_ids: list[int]  # the tokens to compute this step: a prefill chunk, or one token in decode
+    start_position: int  # how many of the sequence's tokens are already in the KV cache
+    block_table: list[int]  # physical block ids, logical order; covers every position up to the last token
+    do_sample: bool
+    params: GenerationParams
+    all_token_ids: list[int]  # the whole sequence so far (prompt then output), for penalties; read-only
+    num_prompt_tokens: int
+    seed: int | None  # per-sample seed; with it, the token at a given position must not depend on batching
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+
+@attrs.define
+class ExecutionBatch:
+    """Everything the executor needs for one forward pass over a mixed prefill/decode batch.
+
+    ``block_copies`` must be performed before the forward pass: they are the
+    copy-on-write copies the allocator decided on when it handed out slots.
+    """
+
+    sequences: list[ScheduledSequence]
+    block_size: int
+    block_copies: list[BlockCopy] = attrs.field(factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.sequences)
+
+
+@attrs.define
+class TokenLogprobs:
+    """The log-probability of a sampled token and of the most likely alternatives.
+
+    ``top`` lists (token_id, logprob) pairs in descending order of logprob;
+    it has ``params.logprobs`` entries. Logprobs are of the distribution the
+    model produced (after penalties, before temperature and truncation).
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = attrs.field(factory=list)
+
+
+@attrs.define
+class ExecutionOutput:
+    """The result of one batch: a sampled token for every sequence with ``do_sample`` set."""
+
+    sampled_token_ids: dict[int, int]  # seq_id -> next token id
+    logprobs: dict[int, TokenLogprobs] = attrs.field(factory=dict)  # only for sequences that asked

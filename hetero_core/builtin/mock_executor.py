@@ -1,0 +1,99 @@
+"""A deterministic stand-in for a model, for fast engine and scheduler tests.
+
+It keeps a real paged "KV cache" (one int per slot: the token written
+there), performs the block copies it is asked for, and derives each next
+token from the tokens it reads back through the block table. Wrong block
+tables, missed copies or a token computed at the wrong position therefore
+change its output, which is what makes it useful for testing paging and
+scheduling: for the same tokens it always answers the same, however the
+batch is composed. It is not a language model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
+from hetero_core.errors import ExecutionError
+from hetero_core.protocols import ModelInfo
+
+SLOT_BYTES = 8
+
+
+class MockExecutor:
+    """Next token = a hash of the cached tokens, in ``[0, vocab_size)``.
+
+    :param vocab_size: tokens it may produce (defaults to the simple tokenizer's).
+    :param eos_token_id: the token it emits with probability ``eos_probability``.
+    :param max_model_len: the context length it reports.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 259,
+        eos_token_id: int = 257,
+        eos_probability: float = 0.0,
+        max_model_len: int = 1 << 20,
+    ) -> None:
+        self._info = ModelInfo(name="mock", vocab_size=vocab_size, max_model_len=max_model_len)
+        self._eos_token_id = eos_token_id
+        self._eos_threshold = int(eos_probability * 2**32)
+        self._slots: list[int] = []
+        self._block_size = 0
+        self.num_executed_batches = 0
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def kv_cache_block_bytes(self, block_size: int) -> int:
+        return block_size * SLOT_BYTES
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        self._slots = [-1] * (num_blocks * block_size)
+        self._block_size = block_size
+
+    def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
+        pass
+
+    def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
+        size = self._block_size
+        if batch.block_size != size:
+            raise ExecutionError(f"batch block_size {batch.block_size} != cache block_size {size}")
+        for copy in batch.block_copies:
+            self._slots[copy.dst * size : (copy.dst + 1) * size] = self._slots[copy.src * size : (copy.src + 1) * size]
+        for seq in batch.sequences:
+            for offset, token_id in enumerate(seq.token_ids):
+                self._slots[self._slot(seq, seq.start_position + offset)] = token_id
+        sampled: dict[int, int] = {}
+        logprobs: dict[int, TokenLogprobs] = {}
+        for seq in batch.sequences:
+            if not seq.do_sample:
+                continue
+            num_tokens = seq.start_position + len(seq.token_ids)
+            context = [self._slots[self._slot(seq, p)] for p in range(num_tokens)]
+            token_id = self._next_token(context, seq)
+            sampled[seq.seq_id] = token_id
+            if seq.params.logprobs is not None:
+                logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs)
+        self.num_executed_batches += 1
+        return ExecutionOutput(sampled, logprobs)
+
+    def close(self) -> None:
+        self._slots = []
+
+    def _slot(self, seq: ScheduledSequence, position: int) -> int:
+        block = seq.block_table[position // self._block_size]
+        return block * self._block_size + position % self._block_size
+
+    def _next_token(self, context: list[int], seq: ScheduledSequence) -> int:
+        digest = hashlib.blake2b(repr((context, seq.seed)).encode(), digest_size=8).digest()
+        value = int.from_bytes(digest, "little")
+        if value & 0xFFFFFFFF < self._eos_threshold:
+            return self._eos_token_id
+        return (value >> 32) % self._info.vocab_size
+
+    def _logprobs(self, token_id: int, num_top: int) -> TokenLogprobs:
+        top = [((token_id + k) % self._info.vocab_size, math.log(0.5) * (k + 1)) for k in range(num_top)]
+        return TokenLogprobs(token_id, math.log(0.5), top)

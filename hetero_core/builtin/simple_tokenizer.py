@@ -1,0 +1,88 @@
+"""A byte-level tokenizer: one token per UTF-8 byte, plus three control tokens.
+
+It round-trips any text exactly and needs no files, which makes it the
+tokenizer of the core's tests and of the mock executor.
+"""
+
+from __future__ import annotations
+
+import codecs
+from typing import Any, Mapping, Sequence
+
+from hetero_core.errors import ValidationError
+
+NUM_BYTES = 256
+
+
+class SimpleDetokenizer:
+    """Streams bytes back to text, holding the bytes of an unfinished character."""
+
+    def __init__(self, skip_special_tokens: bool) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._skip_special_tokens = skip_special_tokens
+
+    def add(self, token_ids: Sequence[int]) -> str:
+        text = []
+        for token_id in token_ids:
+            if token_id < NUM_BYTES:
+                text.append(self._decoder.decode(bytes((token_id,))))
+            elif not self._skip_special_tokens:
+                text.append(self._decoder.decode(b"", final=True) + SimpleTokenizer.SPECIAL_TEXT[token_id])
+                self._decoder.reset()
+        return "".join(text)
+
+    def finish(self) -> str:
+        return self._decoder.decode(b"", final=True)
+
+
+class SimpleTokenizer:
+    """Token ``b`` is byte ``b`` for b < 256; then BOS, EOS and PAD."""
+
+    BOS, EOS, PAD = NUM_BYTES, NUM_BYTES + 1, NUM_BYTES + 2
+    SPECIAL_TEXT = {BOS: "<s>", EOS: "</s>", PAD: "<pad>"}
+
+    def __init__(self, add_bos: bool = False) -> None:
+        self._add_bos = add_bos
+
+    @property
+    def vocab_size(self) -> int:
+        return NUM_BYTES + 3
+
+    @property
+    def bos_token_id(self) -> int:
+        return self.BOS
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.EOS
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.PAD
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        try:
+            ids = list(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ValidationError(f"text is not valid Unicode: {exc.reason}", param="prompt") from exc
+        return [self.BOS, *ids] if add_special_tokens and self._add_bos else ids
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        detokenizer = SimpleDetokenizer(skip_special_tokens)
+        return detokenizer.add(token_ids) + detokenizer.finish()
+
+    def new_detokenizer(self, prompt_token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> SimpleDetokenizer:
+        return SimpleDetokenizer(skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        lines = []
+        for number, message in enumerate(messages):
+            role, content = message.get("role"), message.get("content")
+            if not isinstance(role, str) or not isinstance(content, str):
+                raise ValidationError(f"messages[{number}] needs a string 'role' and 'content'", param="messages")
+            lines.append(f"{role}: {content}\n")
+        if add_generation_prompt:
+            lines.append("assistant: ")
+        return "".join(lines)

@@ -1,0 +1,197 @@
+"""Engine configuration: sizes, component selection, plugins and serving.
+
+Everything is a frozen attrs class validated on construction, so an
+``EngineConfig`` that exists is a valid one. ``from_file`` reads JSON in
+the seed's flat layout (the size keys at the top level) extended with the
+sections below; an unknown key anywhere is an error that lists the keys
+allowed there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+
+from hetero_core.errors import ConfigError
+from hetero_core.validators import number_in, one_of, optional
+
+_positive_int = number_in(1, None, integer=True, error=ConfigError)
+
+
+def _check_name(_instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{attribute.name} must be a non-empty string, got {value!r}", param=attribute.name)
+
+
+@attrs.frozen
+class ComponentSpec:
+    """Which registered implementation to use for an extension point, with its options.
+
+    In JSON either a bare name (``"executor": "torch"``) or an object whose
+    ``name`` picks the implementation and whose other keys are passed to its
+    factory as keyword options (``"executor": {"name": "torch", "dtype": "float32"}``).
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+
+    @classmethod
+    def parse(cls, value: Any, *, field: str) -> ComponentSpec:
+        if isinstance(value, ComponentSpec):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+            options = {k: v for k, v in value.items() if k != "name"}
+            return cls(value["name"], options)
+        raise ConfigError(
+            f"{field} must be a component name or an object with a 'name' key, got {value!r}", param=field
+        )
+
+    def to_json(self) -> Any:
+        return {"name": self.name, **self.options} if self.options else self.name
+
+
+def _component(default: str) -> Any:
+    return attrs.field(
+        default=ComponentSpec(default),
+        converter=attrs.Converter(lambda value, _self, field: ComponentSpec.parse(value, field=field.name), takes_self=True, takes_field=True),
+    )
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigError(f"expected a list of plugin names, got {value!r}")
+
+
+@attrs.frozen
+class PluginsConfig:
+    """Which plugins load.
+
+    ``disable`` blocks plugins by name before they load (added to the
+    ``HETERO_DISABLE_PLUGINS`` environment variable); ``load`` names extra
+    plugin modules to import and register (``"package.module"``), for plugins
+    that are not installed as distributions.
+    """
+
+    disable: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    load: tuple[str, ...] = attrs.field(default=(), converter=_names)
+
+
+BACKENDS = ("local_engine", "command_bridge")
+
+
+@attrs.frozen
+class ServerConfig:
+    """The OpenAI-compatible HTTP server (``hetero-infer serve``)."""
+
+    host: str = attrs.field(default="127.0.0.1", validator=_check_name)
+    port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
+    model_name: str | None = None  # the name clients use; defaults to the model file's name
+    backend: str = attrs.field(default="local_engine", validator=one_of(BACKENDS, error=ConfigError))
+    command: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # command_bridge: program and arguments
+    command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
+    command_concurrency: int = attrs.field(default=4, validator=_positive_int)
+    api_key: str | None = None  # also HETERO_API_KEY; None leaves the server open
+    max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)
+    drain_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, error=ConfigError))
+
+    def __attrs_post_init__(self) -> None:
+        if self.backend == "command_bridge" and not self.command:
+            raise ConfigError("server.command must name the program to run for backend 'command_bridge'", param="command")
+
+
+@attrs.frozen
+class EngineConfig:
+    """How to build and run an engine. Sizes count tokens, blocks or sequences."""
+
+    block_size: int = attrs.field(default=16, validator=_positive_int)  # token slots per KV block
+    max_num_blocks: int = attrs.field(default=1024, validator=_positive_int)  # KV blocks in the pool
+    max_batch_size: int = attrs.field(default=32, validator=_positive_int)  # sequences in one step
+    max_num_seqs: int = attrs.field(default=256, validator=_positive_int)  # sequences holding KV at once
+    max_model_len: int = attrs.field(default=2048, validator=_positive_int)  # prompt + output tokens
+    max_total_tokens: int = attrs.field(default=4096, validator=_positive_int)  # tokens in one step
+    memory_threshold: float = attrs.field(
+        default=0.9, validator=number_in(0.0, 1.0, low_open=True, error=ConfigError)
+    )  # no new admissions while block usage is above this
+    max_retry_attempts: int = attrs.field(default=2, validator=number_in(0, None, integer=True, error=ConfigError))
+    max_waiting_requests: int = attrs.field(default=4096, validator=_positive_int)  # submit fails beyond this
+    kv_cache_memory_mb: float | None = attrs.field(
+        default=None, validator=optional(number_in(0, None, low_open=True, error=ConfigError))
+    )  # when set, size the pool from this budget instead of max_num_blocks
+    enable_chunked_prefill: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    model: str | None = None  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
+    seed: int = attrs.field(default=0, validator=number_in(0, None, integer=True, error=ConfigError))
+    tokenizer: ComponentSpec = _component("huggingface")
+    scheduler: ComponentSpec = _component("fcfs")
+    cache_allocator: ComponentSpec = _component("paged")
+    executor: ComponentSpec = _component("torch")
+    plugins: PluginsConfig = attrs.field(factory=PluginsConfig)
+    server: ServerConfig = attrs.field(factory=ServerConfig)
+
+    def validate(self) -> None:
+        """Re-run every field's validator (construction already did; this is for the seed's API)."""
+        attrs.validate(self)
+
+    def evolve(self, **changes: Any) -> EngineConfig:
+        """A copy with ``changes`` applied (validated like any construction)."""
+        return _build(EngineConfig, changes, base=self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> EngineConfig:
+        """Build from a JSON-like dict; unknown keys are rejected by name."""
+        return _build(cls, values)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> EngineConfig:
+        """Read a JSON config file (the seed's ``config.json`` layout plus the sections above)."""
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid JSON: {exc}") from exc
+        if not isinstance(values, dict):
+            raise ConfigError(f"config file {path} must hold a JSON object, got {type(values).__name__}")
+        return cls.from_mapping(values)
+
+    def to_json(self) -> dict[str, Any]:
+        def convert(_inst: Any, _field: Any, value: Any) -> Any:
+            return value.to_json() if isinstance(value, ComponentSpec) else list(value) if isinstance(value, tuple) else value
+
+        return attrs.asdict(self, recurse=True, value_serializer=convert, filter=lambda a, v: not isinstance(v, ComponentSpec)) | {
+            f: getattr(self, f).to_json() for f in ("tokenizer", "scheduler", "cache_allocator", "executor")
+        }
+
+
+_SECTIONS: dict[str, type] = {"plugins": PluginsConfig, "server": ServerConfig}
+
+
+def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: str = "") -> Any:
+    allowed = attrs.fields_dict(cls)
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; allowed: {', '.join(sorted(allowed))}",
+            param=prefix + unknown[0],
+        )
+    kwargs: dict[str, Any] = {}
+    for key, value in values.items():
+        section = _SECTIONS.get(key) if cls is EngineConfig else None
+        if section is not None and isinstance(value, Mapping):
+            value = _build(section, value, base=getattr(base, key, None), prefix=f"{key}.")
+        elif section is not None and not isinstance(value, section):
+            raise ConfigError(f"{key} must be an object, got {value!r}", param=key)
+        kwargs[key] = value
+    try:
+        return attrs.evolve(base, **kwargs) if base is not None else cls(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"invalid config: {exc}") from exc

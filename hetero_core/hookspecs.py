@@ -1,0 +1,116 @@
+"""Hook specifications: every way a plugin can extend hetero-infer.
+
+Two phases. *Discovery* hooks run once, when an engine (or ``hetero-infer
+plugins``) collects the installed components: each receives a ``register``
+callable and calls it with a unique name and a factory. *Observer* hooks run
+while an engine works; they only watch, and return nothing.
+
+The marker and the entry-point group are both named ``hetero_infer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("hetero_infer")
+hookimpl = pluggy.HookimplMarker("hetero_infer")
+
+Register = Callable[[str, Callable[..., Any]], None]
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+@hookspec
+def register_tokenizers(register: Register) -> None:
+    """Register tokenizer factories.
+
+    Called once per plugin when components are collected.
+
+    :param register: call ``register(name, factory)`` for each tokenizer this
+        plugin provides. ``factory(config, **options)`` receives the
+        :class:`~hetero_core.config.EngineConfig` and the options of
+        ``config.tokenizer``, and returns a
+        :class:`~hetero_core.protocols.Tokenizer`. A name already registered
+        by any plugin raises ``ConfigError`` naming both plugins.
+    :return: nothing.
+    """
+
+
+@hookspec
+def register_scheduler_policies(register: Register) -> None:
+    """Register scheduler policy factories.
+
+    Called once per plugin when components are collected.
+
+    :param register: call ``register(name, factory)`` for each policy.
+        ``factory(**options)`` receives the options of ``config.scheduler`` and
+        returns a :class:`~hetero_core.protocols.SchedulerPolicy`.
+    :return: nothing.
+    """
+
+
+@hookspec
+def register_cache_allocators(register: Register) -> None:
+    """Register KV-cache allocator factories.
+
+    Called once per plugin when components are collected.
+
+    :param register: call ``register(name, factory)`` for each allocator.
+        ``factory(num_blocks, block_size, **options)`` receives the pool size
+        the engine settled on and the options of ``config.cache_allocator``,
+        and returns a :class:`~hetero_core.protocols.CacheAllocator`.
+    :return: nothing.
+    """
+
+
+@hookspec
+def register_executors(register: Register) -> None:
+    """Register executor factories.
+
+    Called once per plugin when components are collected.
+
+    :param register: call ``register(name, factory)`` for each executor.
+        ``factory(config, **options)`` receives the
+        :class:`~hetero_core.config.EngineConfig` (``config.model`` is the
+        model path, already resolved) and the options of ``config.executor``,
+        and returns a :class:`~hetero_core.protocols.Executor`.
+    :return: nothing.
+    """
+
+
+# --------------------------------------------------------------------------- observers
+
+
+@hookspec
+def on_engine_started(engine: Any) -> None:
+    """An engine finished building: its components are resolved and warmed up.
+
+    :param engine: the :class:`~hetero_core.engine.InferenceEngine`; read its
+        ``config``, ``model_info`` and ``get_memory_stats()``.
+    :return: nothing.
+    """
+
+
+@hookspec
+def on_step_finished(engine: Any, stats: Any) -> None:
+    """An engine step finished (called only when some plugin implements it).
+
+    Runs on the engine's thread between steps: keep it short.
+
+    :param engine: the :class:`~hetero_core.engine.InferenceEngine`.
+    :param stats: a :class:`~hetero_core.metrics.StepStats` for the step.
+    :return: nothing.
+    """
+
+
+@hookspec
+def on_request_finished(engine: Any, completed: Any) -> None:
+    """A request finished, whatever the reason (stop, length, abort or error).
+
+    :param engine: the :class:`~hetero_core.engine.InferenceEngine`.
+    :param completed: the :class:`~hetero_core.outputs.CompletedRequest`.
+    :return: nothing.
+    """

@@ -1,0 +1,52 @@
+"""Engine counters and per-step statistics."""
+
+from __future__ import annotations
+
+import attrs
+
+from hetero_core.sequence import FinishReason
+
+
+@attrs.define
+class StepStats:
+    """What one engine step did; handed to ``on_step_finished`` observers."""
+
+    step: int
+    num_sequences: int  # scheduled in this step's batch
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_preemptions: int
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    duration: float  # seconds, scheduling to postprocessing
+
+
+@attrs.define
+class EngineMetrics:
+    """Cumulative counters since the engine started. Read them; the engine writes them."""
+
+    requests_submitted: int = 0
+    requests_finished: dict[FinishReason, int] = attrs.field(factory=lambda: {r: 0 for r in FinishReason})
+    prompt_tokens: int = 0  # prompt tokens of submitted requests
+    generation_tokens: int = 0  # tokens sampled
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_execution_retries: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # ... and found there
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+
+    @property
+    def requests_completed(self) -> int:
+        return self.requests_finished[FinishReason.STOP] + self.requests_finished[FinishReason.LENGTH]
+
+    @property
+    def requests_failed(self) -> int:
+        return self.requests_finished[FinishReason.ERROR]
+
+    @property
+    def requests_aborted(self) -> int:
+        return self.requests_finished[FinishReason.ABORT]

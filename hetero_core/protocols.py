@@ -1,0 +1,248 @@
+"""The four extension points, as the engine calls them.
+
+A plugin implements one of these protocols and registers a factory for it
+under a name (see :mod:`hetero_core.hookspecs`). The engine resolves every
+component once, when it is built, then calls these methods directly in its
+loop. Implementations need not inherit from anything: matching the methods
+is enough (``typing.Protocol``). ``hetero_core.testing`` holds contract
+tests that check an implementation against these docstrings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence as SequenceOf, runtime_checkable
+
+import attrs
+
+from hetero_core.batch import BlockCopy, ExecutionBatch, ExecutionOutput
+from hetero_core.memory import MemoryStats
+from hetero_core.sequence import Sequence
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+@runtime_checkable
+class IncrementalDetokenizer(Protocol):
+    """Turns a growing stream of token ids into text, a piece at a time.
+
+    Made by :meth:`Tokenizer.new_detokenizer` for one sequence. The pieces
+    returned by :meth:`add` followed by :meth:`finish` concatenate to
+    ``tokenizer.decode(all_added_ids)``. A piece never ends inside a UTF-8
+    character: bytes of an incomplete character are held back until the
+    token that completes it arrives. Each call costs O(new tokens), not a
+    decode of the whole output.
+    """
+
+    def add(self, token_ids: SequenceOf[int]) -> str:
+        """Append ``token_ids`` to the stream and return the newly completed text (maybe empty)."""
+        ...
+
+    def finish(self) -> str:
+        """End the stream and return whatever is held back (an incomplete character decodes as U+FFFD)."""
+        ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text to token ids and back, plus the model's chat format.
+
+    Token ids are ints in ``[0, vocab_size)``. ``eos_token_id`` ends
+    generation unless a request sets ``ignore_eos``; the ids may be None
+    when the vocabulary has no such token.
+    """
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def bos_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def pad_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` the model's usual prefix (a BOS) is added."""
+        ...
+
+    def decode(self, token_ids: SequenceOf[int], *, skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids``; control tokens are left out when ``skip_special_tokens``."""
+        ...
+
+    def new_detokenizer(
+        self, prompt_token_ids: SequenceOf[int], *, skip_special_tokens: bool = True
+    ) -> IncrementalDetokenizer:
+        """A fresh streaming detokenizer for output that follows ``prompt_token_ids``.
+
+        The prompt is context only (some tokenizers decode a token differently
+        after a given prefix); its text is never returned.
+        """
+        ...
+
+    def apply_chat_template(
+        self, messages: SequenceOf[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """Render OpenAI-style messages (``{"role": ..., "content": ...}``) as the model's prompt text.
+
+        The result is encoded with ``add_special_tokens=False``: the template
+        itself carries any special tokens. Raises ``ValidationError`` for
+        messages the template cannot render.
+        """
+        ...
+
+
+# --------------------------------------------------------------------------- scheduler policy
+
+
+@runtime_checkable
+class SchedulerPolicy(Protocol):
+    """Decides who goes first; never how much goes.
+
+    The core's scheduler enforces every budget (sequences, tokens, memory);
+    the policy only orders. Both methods receive :class:`Sequence` objects,
+    whose ``request`` carries ``priority``, ``arrival_index`` and
+    ``arrival_time``. A policy must be deterministic for equal inputs and
+    must not starve: a sequence that waits must eventually come first.
+    """
+
+    def order_waiting(self, waiting: SequenceOf[Sequence]) -> list[Sequence]:
+        """Return ``waiting`` in admission order (a permutation; the first is admitted first).
+
+        Preempted sequences are in ``waiting`` too; a policy normally puts them
+        where their original arrival places them, which is near the front.
+        """
+        ...
+
+    def choose_victim(self, running: SequenceOf[Sequence]) -> Sequence:
+        """Pick the running sequence to preempt when the cache cannot grow (``running`` is never empty)."""
+        ...
+
+
+# --------------------------------------------------------------------------- cache allocator
+
+
+@runtime_checkable
+class CacheAllocator(Protocol):
+    """Block bookkeeping for the paged KV cache: ids only, never tensors.
+
+    The pool has ``num_blocks`` physical blocks of ``block_size`` token slots.
+    Each live sequence has a block table: physical block ids in logical
+    order, block ``i`` holding positions ``[i * block_size, (i + 1) * block_size)``.
+    A block may be shared by several sequences (after :meth:`fork`, or
+    through the prefix cache); it is then never written in place: the
+    allocator copies it first and returns the copy for the executor to perform.
+
+    Calls come in check/act pairs: the scheduler asks :meth:`can_append`
+    before :meth:`append_slots`, which then must succeed.
+    """
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    def allocate(self, seq_id: int, token_ids: SequenceOf[int]) -> int:
+        """Start a block table for a new sequence whose known tokens are ``token_ids``.
+
+        With prefix caching, the table starts with the cached blocks of the
+        longest run of full blocks at the start of ``token_ids`` whose tokens
+        match exactly; the return value is how many tokens that covers (a
+        multiple of ``block_size``, always less than ``len(token_ids)`` so the
+        last token is computed again and yields logits). Without a hit it is 0.
+        No other block is taken: :meth:`append_slots` grows the table.
+        """
+        ...
+
+    def can_append(self, seq_id: int, num_computed_tokens: int, num_new_tokens: int) -> bool:
+        """Whether :meth:`append_slots` with these arguments would find the blocks it needs."""
+        ...
+
+    def append_slots(
+        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
+    ) -> list[BlockCopy]:
+        """Make room to compute ``num_new_tokens`` more tokens of the sequence.
+
+        The sequence's first ``num_computed_tokens`` tokens are in the cache;
+        afterwards its table covers ``num_computed_tokens + num_new_tokens``
+        positions. ``token_ids`` holds at least that many tokens (it may be
+        the whole sequence). A shared block in the written range is replaced
+        by a private copy; the returned copies must be performed before the
+        step's forward pass. Raises ``CacheMemoryError`` when blocks run out
+        (callers check :meth:`can_append` first).
+        """
+        ...
+
+    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
+        """Give ``child_seq_id`` a block table sharing every block of the parent's (reference counted)."""
+        ...
+
+    def free(self, seq_id: int) -> None:
+        """Release the sequence's blocks. Full blocks stay in the prefix cache until their slots are needed."""
+        ...
+
+    def block_table(self, seq_id: int) -> list[int]:
+        """The sequence's block table. Read-only for the caller; it changes with the next allocator call."""
+        ...
+
+    def stats(self) -> MemoryStats:
+        """Current pool occupancy and prefix-cache counters."""
+        ...
+
+
+# --------------------------------------------------------------------------- executor
+
+
+@attrs.frozen
+class ModelInfo:
+    """What the engine needs to know about the model an executor serves."""
+
+    name: str
+    vocab_size: int
+    max_model_len: int  # the longest sequence (prompt + output) the model supports
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Runs the model: owns the weights, the KV cache tensors and sampling.
+
+    Life cycle: the engine reads :attr:`model_info`, may ask
+    :meth:`kv_cache_block_bytes` to size the pool from a memory budget, then
+    calls :meth:`initialize_cache` once, :meth:`warm_up` once, then
+    :meth:`execute` once per step, and :meth:`close` at shutdown.
+    """
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+
+    def kv_cache_block_bytes(self, block_size: int) -> int:
+        """Bytes one KV block of ``block_size`` tokens takes across all layers (keys and values)."""
+        ...
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        """Allocate the KV cache: ``num_blocks`` blocks of ``block_size`` token slots each."""
+        ...
+
+    def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
+        """Run whatever first-call work (compilation, graph capture) a step of up to these sizes needs."""
+        ...
+
+    def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
+        """Perform ``batch.block_copies``, run one forward pass over the batch and sample.
+
+        Every new key/value of the batch is written to its slot before any
+        attention reads the cache. Returns a token for every sequence with
+        ``do_sample``, sampled with its params on the executor's device (and
+        logprobs where ``params.logprobs`` is set). Raises ``ExecutionError``
+        (or any exception) on failure; the engine may retry the same batch,
+        so a failed call must leave no partial state that changes the retry's
+        result.
+        """
+        ...
+
+    def close(self) -> None:
+        """Release the model and the cache."""
+        ...

@@ -1,0 +1,118 @@
+"""Requests and the sequences they generate: the engine's mutable per-request state."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Callable
+
+import attrs
+
+from hetero_core.params import GenerationParams
+
+
+class RequestState(enum.Enum):
+    """Where a request or one of its sequences is in its life.
+
+    PENDING: waiting for admission (also after a preemption).
+    PREFILL: admitted; its known tokens are being computed, possibly in chunks.
+    DECODE: generating one token per step.
+    COMPLETED: finished normally (stop, length or abort).
+    FAILED: finished with an error; ``Request.error`` holds the reason.
+    """
+
+    PENDING = "pending"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestState.COMPLETED, RequestState.FAILED)
+
+
+class FinishReason(str, enum.Enum):
+    """Why a sequence stopped; the values are OpenAI's ``finish_reason`` strings."""
+
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # the executor failed
+
+
+@attrs.define(eq=False)
+class Sequence:
+    """One token stream: the prompt followed by what has been generated so far.
+
+    A request has one sequence per parallel sample (``n``). The scheduler
+    places sequences, not requests: each holds its own KV blocks.
+    ``num_computed_tokens`` counts the tokens whose KV is in the cache;
+    the tokens from there up to ``len(token_ids)`` still need computing.
+    """
+
+    seq_id: int
+    request: Request
+    index: int  # which of the request's n samples this is
+    token_ids: list[int]
+    num_prompt_tokens: int
+    state: RequestState = RequestState.PENDING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    finish_reason: FinishReason | None = None
+    output_text: str = ""
+    logprobs: list[Any] = attrs.field(factory=list)
+    detokenizer: Any = None
+    pending_forks: int = 0  # children still to fork once the prompt (but its last token) is computed
+    num_preemptions: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state.is_finished
+
+    @property
+    def sampling_seed(self) -> int | None:
+        """The seed for this sample, distinct per sample of a seeded request."""
+        seed = self.request.params.seed
+        return None if seed is None else (seed + self.index * 0x9E3779B1) % 2**63
+
+
+@attrs.define(eq=False)
+class Request:
+    """A prompt submitted to the engine, and everything it has produced."""
+
+    request_id: str
+    prompt_text: str
+    prompt_token_ids: list[int]
+    params: GenerationParams
+    arrival_index: int  # monotonic submission order; ties in time never reorder requests
+    arrival_time: float
+    on_output: Callable[[Any], None] | None = None
+    sequences: list[Sequence] = attrs.field(factory=list)
+    state: RequestState = RequestState.PENDING
+    error: str | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def priority(self) -> int:
+        return self.params.priority
+
+    @property
+    def is_finished(self) -> bool:
+        return len(self.sequences) == self.params.n and all(s.is_finished for s in self.sequences)
