@@ -74,8 +74,10 @@ def register_executors(register: Register) -> None:
 
     :param register: call ``register(name, factory)`` for each executor.
         ``factory(config, **options)`` receives the
-        :class:`~hetero_core.config.EngineConfig` (``config.model`` is the
-        model path, already resolved) and the options of ``config.executor``,
+        :class:`~hetero_core.config.EngineConfig` (``config.model`` is None
+        for the embedded default model: locate files with
+        :func:`hetero_core.model_source.resolve_model_path`) and the options
+        of ``config.executor``,
         and returns a :class:`~hetero_core.protocols.Executor`.
     :return: nothing.
     """

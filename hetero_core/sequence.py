@@ -60,6 +60,7 @@ class Sequence:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     finish_reason: FinishReason | None = None
     output_text: str = ""
+    num_emitted_chars: int = 0  # how much of output_text has been streamed
     logprobs: list[Any] = attrs.field(factory=list)
     detokenizer: Any = None
     pending_forks: int = 0  # children still to fork once the prompt (but its last token) is computed
@@ -115,4 +116,5 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return len(self.sequences) == self.params.n and all(s.is_finished for s in self.sequences)
+        """Every sample finished (a sequence that ends before forking takes its pending samples with it)."""
+        return bool(self.sequences) and all(s.is_finished and not s.pending_forks for s in self.sequences)

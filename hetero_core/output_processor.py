@@ -1,0 +1,117 @@
+"""After a step: append sampled tokens, detokenize, check stop conditions, stream deltas.
+
+Stop strings are matched on the detokenized text. While a request has stop
+strings, the last ``max(len(stop)) - 1`` characters are held back from the
+stream, so a client never receives text that a stop string later removes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hetero_core.batch import TokenLogprobs
+from hetero_core.outputs import CompletedRequest, SequenceOutput, StreamDelta
+from hetero_core.protocols import Tokenizer
+from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
+
+
+class OutputProcessor:
+    """Turns sampled tokens into text, finish reasons and stream deltas."""
+
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+
+    def start(self, seq: Sequence) -> None:
+        """Prepare a new sequence's streaming detokenizer."""
+        seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        self.start(child)
+
+    def append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
+        """Add one sampled token; finishes the sequence when a stop condition holds."""
+        request = seq.request
+        params = request.params
+        seq.token_ids.append(token_id)
+        seq.state = RequestState.DECODE
+        if logprobs is not None:
+            seq.logprobs.append(logprobs)
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+        num_output = seq.num_output_tokens
+        may_stop = num_output >= params.min_tokens
+        is_stop_token = may_stop and (
+            (token_id == self.tokenizer.eos_token_id and not params.ignore_eos) or token_id in params.stop_token_ids
+        )
+        if not is_stop_token:
+            text_before = len(seq.output_text)
+            seq.output_text += seq.detokenizer.add((token_id,))
+            if params.stop and may_stop and self._truncate_at_stop(seq, text_before):
+                seq.finish_reason = FinishReason.STOP
+                return
+        if is_stop_token:
+            seq.finish_reason = FinishReason.STOP
+        elif num_output >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            seq.finish_reason = FinishReason.LENGTH
+        if seq.finish_reason is not None:
+            seq.output_text += seq.detokenizer.finish()
+
+    @staticmethod
+    def _truncate_at_stop(seq: Sequence, text_before: int) -> bool:
+        """Cut the text at the first stop string that the newest text completes."""
+        stops = seq.request.params.stop
+        search_from = max(0, text_before - max(len(s) for s in stops) + 1)
+        hits = [i for i in (seq.output_text.find(s, search_from) for s in stops) if i >= 0]
+        if not hits:
+            return False
+        seq.output_text = seq.output_text[: min(hits)]
+        return True
+
+    def delta(self, seq: Sequence, num_new_tokens: int, num_new_logprobs: int) -> StreamDelta:
+        """The stream delta for what the sequence produced this step (updates what was emitted)."""
+        params = seq.request.params
+        end = len(seq.output_text)
+        if params.stop and seq.finish_reason is None:
+            end = max(seq.num_emitted_chars, end - (max(len(s) for s in params.stop) - 1))
+        text = seq.output_text[seq.num_emitted_chars : end]
+        seq.num_emitted_chars = end
+        return StreamDelta(
+            request_id=seq.request.request_id,
+            index=seq.index,
+            text=text,
+            token_ids=seq.token_ids[len(seq.token_ids) - num_new_tokens :] if num_new_tokens else [],
+            logprobs=seq.logprobs[len(seq.logprobs) - num_new_logprobs :] if num_new_logprobs else None,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            error=seq.request.error if seq.finish_reason is FinishReason.ERROR else None,
+        )
+
+
+def completed_request(request: Request) -> CompletedRequest:
+    """The record of a finished request (all its samples)."""
+    outputs = [
+        SequenceOutput(
+            index=seq.index,
+            text=seq.output_text,
+            token_ids=seq.output_token_ids,
+            finish_reason=seq.finish_reason or FinishReason.ABORT,
+            logprobs=seq.logprobs if request.params.logprobs is not None else None,
+        )
+        for seq in sorted(request.sequences, key=lambda s: s.index)
+    ]
+    finish_time = request.finish_time or time.monotonic()
+    first = outputs[0]
+    return CompletedRequest(
+        request_id=request.request_id,
+        input_text=request.prompt_text,
+        output_text=first.text,
+        input_tokens=request.prompt_token_ids,
+        generated_tokens=first.token_ids,
+        duration=finish_time - request.arrival_time,
+        finish_reason=first.finish_reason,
+        outputs=outputs,
+        time_to_first_token=None if request.first_token_time is None else request.first_token_time - request.arrival_time,
+        num_cached_tokens=request.sequences[0].num_cached_tokens,
+        error=request.error,
+    )

@@ -1,0 +1,219 @@
+"""Continuous batching under budgets: which sequences run this step, and how many tokens each.
+
+Each step admits, in this order and while the budgets last: running
+sequences that decode (one token each), running sequences still computing
+their prompt (a chunk each), then waiting sequences in the policy's order.
+The budgets are ``max_batch_size`` sequences and ``max_total_tokens``
+tokens per step, and ``max_num_seqs`` sequences holding KV at once. New
+sequences are admitted only while block usage is at or below
+``memory_threshold`` and no preemption happened in the step. When a
+running sequence cannot get a block, the policy's victim (never one
+already scheduled in this step) gives up its blocks and returns to the
+waiting queue, to be recomputed later.
+
+A request with ``n > 1`` starts as one sequence that computes its prompt
+but the last token, then forks into ``n`` sequences sharing those blocks;
+each computes the last prompt token itself (copy-on-write splits the last
+block) and samples independently.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+import attrs
+
+from hetero_core.batch import BlockCopy
+from hetero_core.config import EngineConfig
+from hetero_core.protocols import CacheAllocator, SchedulerPolicy
+from hetero_core.sequence import RequestState, Sequence
+
+
+@attrs.define
+class ScheduledWork:
+    """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``seq.num_computed_tokens``."""
+
+    seq: Sequence
+    num_new_tokens: int
+    do_sample: bool
+
+
+@attrs.define
+class SchedulerOutput:
+    """The plan for one step."""
+
+    work: list[ScheduledWork] = attrs.field(factory=list)
+    block_copies: list[BlockCopy] = attrs.field(factory=list)
+    preempted: list[Sequence] = attrs.field(factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+
+def prefill_target(seq: Sequence) -> int:
+    """How many tokens the sequence computes before it samples (or forks)."""
+    return seq.num_tokens - 1 if seq.pending_forks else seq.num_tokens
+
+
+class Scheduler:
+    """Owns the waiting and running sequences and decides each step's batch."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        policy: SchedulerPolicy,
+        allocator: CacheAllocator,
+        seq_ids: Iterator[int] | None = None,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.allocator = allocator
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self._seq_ids = seq_ids if seq_ids is not None else itertools.count()
+        self.num_preemptions = 0
+
+    def new_seq_id(self) -> int:
+        return next(self._seq_ids)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def num_reserved_seqs(self) -> int:
+        """Sequences holding KV now, plus the samples running requests will still fork."""
+        return sum(1 + s.pending_forks for s in self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out of scheduling (finished, aborted or failed) and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.allocator.free(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    # ------------------------------------------------------------------ the step plan
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        token_budget = self.config.max_total_tokens
+        seq_budget = self.config.max_batch_size
+        scheduled: set[int] = set()
+
+        decodes = [s for s in self.running if prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens]
+        decode_ids = {s.seq_id for s in decodes}
+        prefills = [s for s in self.running if s.seq_id not in decode_ids]
+        for seq in itertools.chain(self.policy.order_waiting(decodes), self.policy.order_waiting(prefills)):
+            if seq_budget == 0 or token_budget == 0:
+                break
+            if seq not in self.running:  # preempted earlier in this step
+                continue
+            num_new = min(prefill_target(seq) - seq.num_computed_tokens, token_budget)
+            if not self._make_room(seq, num_new, scheduled, out):
+                continue
+            self._schedule(seq, num_new, out)
+            scheduled.add(seq.seq_id)
+            token_budget -= num_new
+            seq_budget -= 1
+
+        if not out.preempted:
+            self._admit_waiting(out, token_budget, seq_budget)
+        return out
+
+    def _make_room(self, seq: Sequence, num_new: int, scheduled: set[int], out: SchedulerOutput) -> bool:
+        """Preempt until ``seq`` can grow by ``num_new`` tokens; False if ``seq`` itself was preempted."""
+        while not self.allocator.can_append(seq.seq_id, seq.num_computed_tokens, num_new):
+            candidates = [s for s in self.running if s.seq_id not in scheduled]
+            victim = self.policy.choose_victim(candidates)
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.allocator.free(seq.seq_id)
+        seq.num_computed_tokens = 0
+        seq.state = RequestState.PENDING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(seq)
+        out.preempted.append(seq)
+
+    def _schedule(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
+        out.block_copies.extend(
+            self.allocator.append_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
+        )
+        do_sample = seq.num_computed_tokens + num_new == seq.num_tokens
+        out.work.append(ScheduledWork(seq, num_new, do_sample))
+        if seq.state is RequestState.DECODE and do_sample and num_new == 1:
+            out.num_decode_tokens += 1
+        else:
+            out.num_prefill_tokens += num_new
+
+    def _admit_waiting(self, out: SchedulerOutput, token_budget: int, seq_budget: int) -> None:
+        admitted: set[int] = set()
+        for seq in self.policy.order_waiting(self.waiting) if self.waiting else ():
+            if seq_budget == 0 or token_budget == 0:
+                break
+            if self.num_reserved_seqs + 1 + seq.pending_forks > self.config.max_num_seqs:
+                break
+            if self.allocator.stats().usage > self.config.memory_threshold:
+                break
+            num_cached = self.allocator.allocate(seq.seq_id, seq.token_ids)
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached
+            seq.num_computed_tokens = num_cached
+            if seq.pending_forks and num_cached == prefill_target(seq):
+                # The cache holds all but the last prompt token: fork now; every
+                # sample computes that token from the next step on.
+                self._start(seq, admitted)
+                self.fork(seq)
+                continue
+            num_new = min(prefill_target(seq) - num_cached, token_budget)
+            fits = self.config.enable_chunked_prefill or num_new == prefill_target(seq) - num_cached
+            if not fits or not self.allocator.can_append(seq.seq_id, num_cached, num_new):
+                self.allocator.free(seq.seq_id)
+                seq.num_computed_tokens = 0
+                break
+            self._start(seq, admitted)
+            self._schedule(seq, num_new, out)
+            token_budget -= num_new
+            seq_budget -= 1
+        if admitted:
+            self.waiting = [s for s in self.waiting if s.seq_id not in admitted]
+
+    def _start(self, seq: Sequence, admitted: set[int]) -> None:
+        self.running.append(seq)
+        admitted.add(seq.seq_id)
+        seq.state = RequestState.PREFILL
+
+    # ------------------------------------------------------------------ parallel sampling
+
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """Split a prompt computed up to its last token into the request's n samples."""
+        children = []
+        for _ in range(parent.pending_forks):
+            child = Sequence(
+                seq_id=self.new_seq_id(),
+                request=parent.request,
+                index=len(parent.request.sequences),
+                token_ids=list(parent.token_ids),
+                num_prompt_tokens=parent.num_prompt_tokens,
+                state=parent.state,
+                num_computed_tokens=parent.num_computed_tokens,
+                num_cached_tokens=parent.num_cached_tokens,
+            )
+            self.allocator.fork(parent.seq_id, child.seq_id)
+            parent.request.sequences.append(child)
+            self.running.append(child)
+            children.append(child)
+        parent.pending_forks = 0
+        return children

@@ -1,0 +1,135 @@
+"""Contract tests for executors.
+
+Subclass :class:`ExecutorContract` and override the ``executor`` fixture to
+return a fresh executor (not yet given a cache); the checks size and
+initialise the cache themselves::
+
+    class TestMyExecutor(ExecutorContract):
+        @pytest.fixture
+        def executor(self):
+            return MyExecutor(...)
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetero_core.batch import BlockCopy, ExecutionBatch, ScheduledSequence
+from hetero_core.params import GenerationParams
+from hetero_core.protocols import Executor
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 32
+GREEDY = GenerationParams(temperature=0.0, max_tokens=8)
+
+
+def scheduled(
+    seq_id: int,
+    tokens: list[int],
+    start: int,
+    count: int,
+    block_table: list[int],
+    *,
+    params: GenerationParams = GREEDY,
+    seed: int | None = None,
+) -> ScheduledSequence:
+    """Compute ``tokens[start:start + count]``; sample when that reaches the end of ``tokens``."""
+    return ScheduledSequence(
+        seq_id=seq_id,
+        token_ids=tokens[start : start + count],
+        start_position=start,
+        block_table=block_table,
+        do_sample=start + count == len(tokens),
+        params=params,
+        all_token_ids=tokens,
+        num_prompt_tokens=len(tokens),
+        seed=seed,
+    )
+
+
+def prompt(executor: Executor, length: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(min(executor.model_info.vocab_size, 200)) for _ in range(length)]
+
+
+class ExecutorContract:
+    """What every executor must do (see :class:`hetero_core.protocols.Executor`)."""
+
+    @pytest.fixture
+    def executor(self) -> Executor:
+        raise NotImplementedError("override the 'executor' fixture to return a fresh executor")
+
+    @pytest.fixture
+    def ready(self, executor: Executor) -> Executor:
+        executor.initialize_cache(NUM_BLOCKS, BLOCK_SIZE)
+        executor.warm_up(16, 4)
+        yield executor
+        executor.close()
+
+    def test_model_info(self, executor: Executor) -> None:
+        info = executor.model_info
+        assert info.vocab_size > 0 and info.max_model_len > 0 and info.name
+
+    def test_block_bytes_positive(self, executor: Executor) -> None:
+        assert executor.kv_cache_block_bytes(BLOCK_SIZE) > 0
+        assert executor.kv_cache_block_bytes(2 * BLOCK_SIZE) >= executor.kv_cache_block_bytes(BLOCK_SIZE)
+
+    def test_samples_exactly_the_sequences_that_ask(self, ready: Executor) -> None:
+        tokens = prompt(ready, 10)
+        batch = ExecutionBatch(
+            [scheduled(0, tokens, 0, 6, [0, 1, 2]), scheduled(1, tokens, 0, 10, [3, 4, 5])], BLOCK_SIZE
+        )
+        out = ready.execute(batch)
+        assert set(out.sampled_token_ids) == {1}
+        assert 0 <= out.sampled_token_ids[1] < ready.model_info.vocab_size
+
+    def test_chunked_prefill_equals_whole_prefill(self, ready: Executor) -> None:
+        tokens = prompt(ready, 11, seed=1)
+        whole = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 11, [0, 1, 2])], BLOCK_SIZE))
+        table = [7, 3, 9]  # scattered physical blocks
+        for start, count in ((0, 5), (5, 4), (9, 2)):
+            chunked = ready.execute(ExecutionBatch([scheduled(1, tokens, start, count, table)], BLOCK_SIZE))
+        assert chunked.sampled_token_ids[1] == whole.sampled_token_ids[0]
+
+    def test_batch_composition_does_not_change_greedy_tokens(self, ready: Executor) -> None:
+        a, b = prompt(ready, 9, seed=2), prompt(ready, 6, seed=3)
+        alone = ready.execute(ExecutionBatch([scheduled(0, a, 0, 9, [0, 1, 2])], BLOCK_SIZE))
+        together = ready.execute(
+            ExecutionBatch([scheduled(1, b, 0, 6, [3, 4]), scheduled(2, a, 0, 9, [5, 6, 7])], BLOCK_SIZE)
+        )
+        assert together.sampled_token_ids[2] == alone.sampled_token_ids[0]
+
+    def test_block_copies_are_performed_before_the_step(self, ready: Executor) -> None:
+        tokens = prompt(ready, 6, seed=4)
+        ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 5, [0, 1])], BLOCK_SIZE))
+        reference = ready.execute(ExecutionBatch([scheduled(0, tokens, 5, 1, [0, 1])], BLOCK_SIZE))
+        # Copy the half-full block 1 to block 9 and decode the same token through the copy.
+        copied = ready.execute(
+            ExecutionBatch([scheduled(1, tokens, 5, 1, [0, 9])], BLOCK_SIZE, block_copies=[BlockCopy(1, 9)])
+        )
+        assert copied.sampled_token_ids[1] == reference.sampled_token_ids[0]
+
+    def test_seeded_sampling_reproduces(self, ready: Executor) -> None:
+        tokens = prompt(ready, 7, seed=5)
+        params = GenerationParams(temperature=1.0, top_p=1.0, seed=1234)
+        first = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 7, [0, 1], params=params, seed=1234)], BLOCK_SIZE))
+        other = prompt(ready, 5, seed=6)
+        again = ready.execute(
+            ExecutionBatch(
+                [scheduled(1, other, 0, 5, [2, 3]), scheduled(2, tokens, 0, 7, [4, 5], params=params, seed=1234)],
+                BLOCK_SIZE,
+            )
+        )
+        assert again.sampled_token_ids[2] == first.sampled_token_ids[0]
+
+    def test_logprobs_when_asked(self, ready: Executor) -> None:
+        tokens = prompt(ready, 5, seed=8)
+        params = GenerationParams(temperature=0.0, logprobs=3)
+        out = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 5, [0, 1], params=params)], BLOCK_SIZE))
+        logprobs = out.logprobs[0]
+        assert logprobs.token_id == out.sampled_token_ids[0]
+        assert logprobs.logprob <= 0.0
+        assert len(logprobs.top) == 3
+        assert [lp for _, lp in logprobs.top] == sorted((lp for _, lp in logprobs.top), reverse=True)

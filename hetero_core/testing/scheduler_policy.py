@@ -1,0 +1,101 @@
+"""Contract tests for scheduler policies.
+
+Subclass :class:`SchedulerPolicyContract` in a test module and override the
+``policy`` fixture to return your policy; pytest then runs every check below
+against it::
+
+    class TestMyPolicy(SchedulerPolicyContract):
+        @pytest.fixture
+        def policy(self):
+            return MyPolicy()
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hetero_core.params import GenerationParams
+from hetero_core.protocols import SchedulerPolicy
+from hetero_core.sequence import Request, Sequence
+
+
+def make_sequence(arrival_index: int, *, priority: int = 0, num_prompt_tokens: int = 8, index: int = 0) -> Sequence:
+    """A waiting sequence of a request that arrived ``arrival_index`` seconds after time 0."""
+    request = Request(
+        request_id=f"r{arrival_index}",
+        prompt_text="",
+        prompt_token_ids=[1] * num_prompt_tokens,
+        params=GenerationParams(priority=priority),
+        arrival_index=arrival_index,
+        arrival_time=float(arrival_index),
+    )
+    seq = Sequence(
+        seq_id=arrival_index * 64 + index,
+        request=request,
+        index=index,
+        token_ids=list(request.prompt_token_ids),
+        num_prompt_tokens=num_prompt_tokens,
+    )
+    request.sequences.append(seq)
+    return seq
+
+
+def random_sequences(rng: random.Random, count: int, *, priorities: tuple[int, ...] = (0, 1, 2)) -> list[Sequence]:
+    return [
+        make_sequence(i, priority=rng.choice(priorities), num_prompt_tokens=rng.randint(1, 512))
+        for i in rng.sample(range(10 * count), count)
+    ]
+
+
+class SchedulerPolicyContract:
+    """What every scheduler policy must do (see :class:`hetero_core.protocols.SchedulerPolicy`)."""
+
+    @pytest.fixture
+    def policy(self) -> SchedulerPolicy:
+        raise NotImplementedError("override the 'policy' fixture to return the policy under test")
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_order_is_a_permutation_and_leaves_the_input_alone(self, policy: SchedulerPolicy, seed: int) -> None:
+        waiting = random_sequences(random.Random(seed), 20)
+        before = list(waiting)
+        ordered = policy.order_waiting(waiting)
+        assert waiting == before
+        assert sorted(id(s) for s in ordered) == sorted(id(s) for s in waiting)
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_order_is_deterministic(self, policy: SchedulerPolicy, seed: int) -> None:
+        waiting = random_sequences(random.Random(seed), 20)
+        assert policy.order_waiting(waiting) == policy.order_waiting(list(waiting))
+
+    def test_order_of_nothing_is_nothing(self, policy: SchedulerPolicy) -> None:
+        assert list(policy.order_waiting([])) == []
+
+    @pytest.mark.parametrize("seed", range(5))
+    def test_victim_is_a_running_sequence(self, policy: SchedulerPolicy, seed: int) -> None:
+        running = random_sequences(random.Random(seed), 10)
+        assert any(policy.choose_victim(running) is s for s in running)
+        assert policy.choose_victim(running[:1]) is running[0]
+
+    def test_victim_is_never_the_sequence_admitted_first(self, policy: SchedulerPolicy) -> None:
+        running = random_sequences(random.Random(7), 10)
+        first = policy.order_waiting(running)[0]
+        assert policy.choose_victim(running) is not first
+
+    @pytest.mark.parametrize("seed", range(3))
+    def test_no_starvation_among_equal_priorities(self, policy: SchedulerPolicy, seed: int) -> None:
+        """Serve one sequence per round while a new one of the same priority arrives each round:
+        the oldest waiting sequence must be served within a bounded number of rounds."""
+        rng = random.Random(seed)
+        waiting = [make_sequence(i, num_prompt_tokens=rng.randint(1, 512)) for i in range(8)]
+        oldest = waiting[0]
+        oldest.token_ids = [1] * 512  # the least favourable shape for any size-based policy
+        oldest.num_prompt_tokens = 512
+        for round_number in range(8, 500):
+            served = policy.order_waiting(waiting)[0]
+            if served is oldest:
+                return
+            waiting.remove(served)
+            waiting.append(make_sequence(round_number, num_prompt_tokens=rng.randint(1, 16)))
+        pytest.fail("the oldest sequence waited 500 rounds behind later arrivals of the same priority")
