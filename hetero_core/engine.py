@@ -220,7 +220,6 @@ class InferenceEngine:
                 pending_forks=request.params.n - 1,
             )
             request.sequences.append(seq)
-            self.outputs.start(seq)
             self.scheduler.add(seq)
             self.metrics.requests_submitted += 1
             self.metrics.prompt_tokens += seq.num_prompt_tokens
@@ -280,8 +279,7 @@ class InferenceEngine:
                 if seq.request.is_finished:
                     finished.append(seq.request)
             elif seq.pending_forks and seq.num_computed_tokens == seq.num_tokens - 1:
-                for child in self.scheduler.fork(seq):
-                    self.outputs.fork(seq, child)
+                self.scheduler.fork(seq)
 
     def _emit(self, seq: Sequence, num_new_tokens: int, num_new_logprobs: int) -> None:
         if seq.request.on_output is not None:

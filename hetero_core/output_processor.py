@@ -22,17 +22,12 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
 
-    def start(self, seq: Sequence) -> None:
-        """Prepare a new sequence's streaming detokenizer."""
-        seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids)
-
-    def fork(self, parent: Sequence, child: Sequence) -> None:
-        self.start(child)
-
     def append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
         """Add one sampled token; finishes the sequence when a stop condition holds."""
         request = seq.request
         params = request.params
+        if seq.detokenizer is None:
+            seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids)
         seq.token_ids.append(token_id)
         seq.state = RequestState.DECODE
         if logprobs is not None:

@@ -62,7 +62,7 @@ class Sequence:
     output_text: str = ""
     num_emitted_chars: int = 0  # how much of output_text has been streamed
     logprobs: list[Any] = attrs.field(factory=list)
-    detokenizer: Any = None
+    detokenizer: Any = None  # made on the first sampled token
     pending_forks: int = 0  # children still to fork once the prompt (but its last token) is computed
     num_preemptions: int = 0
 

@@ -94,7 +94,7 @@ class EngineWorkload(RuleBasedStateMachine):
             return
         prompt = [7] * length if shared_prefix else data.draw(st.lists(st.integers(0, 255), min_size=length, max_size=length))
         params = GenerationParams(temperature=1.0, seed=len(self.submitted), max_tokens=max_tokens, priority=priority, n=n)
-        request_id = self.engine.submit_request(prompt, params)
+        request_id = self.engine.submit_request(prompt, params, request_id=f"r{len(self.submitted)}")
         self.submitted[request_id] = params
 
     @precondition(lambda self: self.submitted)
@@ -132,12 +132,11 @@ class EngineWorkload(RuleBasedStateMachine):
         assert set(self.completed) == set(self.submitted)
         for request_id, record in self.completed.items():
             params = self.submitted[request_id]
-            if record.finish_reason is FinishReason.ABORT:
-                assert request_id in self.aborted
-                continue
-            assert len(record.outputs) == params.n
+            assert len(record.outputs) == params.n or request_id in self.aborted
             for output in record.outputs:
-                if output.finish_reason is FinishReason.LENGTH:
+                if output.finish_reason is FinishReason.ABORT:
+                    assert request_id in self.aborted
+                elif output.finish_reason is FinishReason.LENGTH:
                     assert len(output.token_ids) == params.max_tokens
                 else:
                     assert output.finish_reason is FinishReason.STOP
@@ -148,7 +147,7 @@ class EngineWorkload(RuleBasedStateMachine):
 
 
 EngineWorkload.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestEngineWorkload = EngineWorkload.TestCase
 
