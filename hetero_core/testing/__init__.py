@@ -1,6 +1,7 @@
 """Contract tests any plugin can run against itself: subclass the class for your extension point."""
 
+from hetero_core.testing.cache_allocator import CacheAllocatorContract
 from hetero_core.testing.executor import ExecutorContract
 from hetero_core.testing.scheduler_policy import SchedulerPolicyContract
 
-__all__ = ["ExecutorContract", "SchedulerPolicyContract"]
+__all__ = ["CacheAllocatorContract", "ExecutorContract", "SchedulerPolicyContract"]
