@@ -10,6 +10,7 @@ import codecs
 from typing import Any, Mapping, Sequence
 
 from hetero_core.errors import ValidationError
+from hetero_core.messages import check_messages
 
 NUM_BYTES = 256
 
@@ -77,12 +78,8 @@ class SimpleTokenizer:
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
     ) -> str:
-        lines = []
-        for number, message in enumerate(messages):
-            role, content = message.get("role"), message.get("content")
-            if not isinstance(role, str) or not isinstance(content, str):
-                raise ValidationError(f"messages[{number}] needs a string 'role' and 'content'", param="messages")
-            lines.append(f"{role}: {content}\n")
+        check_messages(messages)
+        lines = [f"{message['role']}: {message['content']}\n" for message in messages]
         if add_generation_prompt:
             lines.append("assistant: ")
         return "".join(lines)

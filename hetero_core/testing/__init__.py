@@ -3,5 +3,6 @@
 from hetero_core.testing.cache_allocator import CacheAllocatorContract
 from hetero_core.testing.executor import ExecutorContract
 from hetero_core.testing.scheduler_policy import SchedulerPolicyContract
+from hetero_core.testing.tokenizer import TokenizerContract
 
-__all__ = ["CacheAllocatorContract", "ExecutorContract", "SchedulerPolicyContract"]
+__all__ = ["CacheAllocatorContract", "ExecutorContract", "SchedulerPolicyContract", "TokenizerContract"]

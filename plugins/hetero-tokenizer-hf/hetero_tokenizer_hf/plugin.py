@@ -1,0 +1,19 @@
+"""Registers the ``huggingface`` tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero_core.hookspecs import Register, hookimpl
+from hetero_core.model_source import resolve_model_path
+from hetero_tokenizer_hf.tokenizer import HuggingFaceTokenizer, load_tokenizer
+
+
+def create(config: Any, path: str | None = None) -> HuggingFaceTokenizer:
+    """The model's tokenizer, or the one at ``path`` (a tokenizer.json, a folder or a GGUF file)."""
+    return load_tokenizer(path if path is not None else resolve_model_path(config.model))
+
+
+@hookimpl
+def register_tokenizers(register: Register) -> None:
+    register("huggingface", create)
