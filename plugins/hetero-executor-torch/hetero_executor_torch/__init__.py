@@ -1,0 +1,6 @@
+"""The ``torch`` executor for hetero-infer: Llama-family models over a paged KV cache."""
+
+from hetero_executor_torch.executor import TorchExecutor
+from hetero_executor_torch.sampling import Sampler
+
+__all__ = ["Sampler", "TorchExecutor"]

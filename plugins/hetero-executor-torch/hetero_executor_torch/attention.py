@@ -1,0 +1,79 @@
+"""Paged attention in plain torch: per-step index tensors, then one call per layer.
+
+The batch is flattened with decode tokens first. Decodes share one
+scaled-dot-product call over their contexts gathered through the block
+tables (padded to the longest, masked); each prefill chunk gets its own
+call, causal over its cached and new tokens. A chunk with nothing cached
+attends to its own fresh keys and values directly, without a gather.
+"""
+
+from __future__ import annotations
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+
+@attrs.define
+class PrefillSpan:
+    start: int  # first token of the chunk in the flattened batch
+    length: int  # tokens in the chunk
+    context_len: int  # cached + new tokens it attends to
+    slots: torch.Tensor | None  # cache slots of those context tokens; None when nothing is cached
+    mask: torch.Tensor | None  # [length, context_len] causal mask over cached + new tokens
+
+
+@attrs.define
+class AttentionInputs:
+    """Everything attention needs for one step, built once and shared by every layer."""
+
+    slot_mapping: torch.Tensor  # [T] where each new token's key/value is written
+    num_decodes: int
+    decode_slots: torch.Tensor | None  # [num_decodes, max_context] gather indices (padding -> slot 0)
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context], True = attend
+    prefills: list[PrefillSpan]
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
+    """Store the step's new keys/values ([T, kv_heads, head_size]) in their cache slots."""
+    kv_heads, head_size = k_cache.shape[-2:]
+    k_cache.view(-1, kv_heads, head_size).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(-1, kv_heads, head_size).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    inputs: AttentionInputs,
+    scale: float,
+) -> torch.Tensor:
+    """Attention output [T, heads, head_size] for query [T, heads, head_size]; the cache already holds this step's keys."""
+    kv_heads, head_size = k_cache.shape[-2:]
+    flat_k = k_cache.view(-1, kv_heads, head_size)
+    flat_v = v_cache.view(-1, kv_heads, head_size)
+    out = torch.empty_like(query)
+    gqa = query.shape[1] != kv_heads
+    if inputs.num_decodes:
+        n = inputs.num_decodes
+        keys = flat_k[inputs.decode_slots].to(query.dtype).transpose(1, 2)  # [n, kv_heads, L, head_size]
+        values = flat_v[inputs.decode_slots].to(query.dtype).transpose(1, 2)
+        q = query[:n].unsqueeze(2)  # [n, heads, 1, head_size]
+        out[:n] = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=inputs.decode_mask, scale=scale, enable_gqa=gqa
+        ).squeeze(2)
+    for span in inputs.prefills:
+        rows = slice(span.start, span.start + span.length)
+        q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, length, head_size]
+        if span.slots is None:
+            keys = key[rows].transpose(0, 1).unsqueeze(0)
+            values = value[rows].transpose(0, 1).unsqueeze(0)
+            attended = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
+        else:
+            keys = flat_k[span.slots].to(query.dtype).transpose(0, 1).unsqueeze(0)
+            values = flat_v[span.slots].to(query.dtype).transpose(0, 1).unsqueeze(0)
+            attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=span.mask, scale=scale, enable_gqa=gqa)
+        out[rows] = attended.squeeze(0).transpose(0, 1)
+    return out

@@ -1,0 +1,193 @@
+"""The ``torch`` executor: a Llama-family model over a paged KV cache, on CPU or CUDA."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from hetero_core.batch import ExecutionBatch, ExecutionOutput
+from hetero_core.errors import ConfigError
+from hetero_core.model_source import resolve_model_path
+from hetero_core.protocols import ModelInfo
+from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
+from hetero_executor_torch.loading import load_weights
+from hetero_executor_torch.model import LlamaModel
+from hetero_executor_torch.sampling import Sampler
+
+log = structlog.get_logger()
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"executor option device={device!r} is not a torch device", param="device") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("executor option device='cuda' but no CUDA device is available", param="device")
+    return resolved
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AVX-512 BF16 or AMX: bf16 matmuls beat fp32 there."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" or cpu_has_fast_bf16() else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"executor option dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
+    if dtype == "float16" and device.type == "cpu":
+        raise ConfigError("dtype float16 is for CUDA; on the CPU use float32 or bfloat16", param="dtype")
+    return DTYPES[dtype]
+
+
+class TorchExecutor:
+    """Runs a Llama-family model with torch.
+
+    :param dtype: ``auto`` (bf16 on CUDA or a CPU with native bf16, else
+        float32), ``float32``, ``bfloat16`` or ``float16`` (CUDA).
+    :param kv_cache_dtype: ``auto`` (the model's dtype) or one of the dtypes.
+    :param device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+    :param num_threads: torch CPU threads (default: torch's choice).
+    """
+
+    def __init__(self, config: Any, dtype: str = "auto", kv_cache_dtype: str = "auto", device: str = "auto", num_threads: int | None = None) -> None:
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
+        path = resolve_model_path(config.model)
+        model_config, tensors = load_weights(path)
+        with torch.inference_mode():
+            self.model = LlamaModel(model_config, tensors, self.dtype, self.device)
+        self.model_config = model_config
+        self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings)
+        self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_id=model_config.eos_token_id)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.block_size = 0
+        log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device))
+
+    @property
+    def model_info(self) -> ModelInfo:
+        return self._info
+
+    def kv_cache_block_bytes(self, block_size: int) -> int:
+        config = self.model_config
+        element = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
+        return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_size * element
+
+    def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        config = self.model_config
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_size)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device), torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
+            for _ in range(config.num_layers)
+        ]
+        self.block_size = block_size
+
+    def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
+        """One throwaway prefill and decode through slot 0's block, so first-call costs are paid now."""
+        with torch.inference_mode():
+            for length in (min(max_num_tokens, 8), 1):
+                ids = torch.zeros(length, dtype=torch.long, device=self.device)
+                positions = torch.arange(length, device=self.device)
+                slots = torch.zeros(length, dtype=torch.long, device=self.device)
+                attention = AttentionInputs(slots, 0, None, None, [PrefillSpan(0, length, length, None, None)])
+                self.model.forward(ids, positions, attention, self.kv_caches, torch.tensor([length - 1], device=self.device))
+
+    def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
+        with torch.inference_mode():
+            self._copy_blocks(batch)
+            inputs = self._prepare(batch)
+            logits = self.model.forward(*inputs)
+            sampled = [s for s in self._ordered(batch) if s.do_sample]
+            if not sampled:
+                return ExecutionOutput({})
+            tokens, logprobs = self.sampler(logits, sampled)
+        return ExecutionOutput({s.seq_id: t for s, t in zip(sampled, tokens)}, logprobs)
+
+    def close(self) -> None:
+        self.kv_caches = []
+
+    # ------------------------------------------------------------------ step inputs
+
+    @staticmethod
+    def _ordered(batch: ExecutionBatch) -> list:
+        """Decodes (one token, something cached) first, then prefill chunks, as the forward pass lays them out."""
+        decodes = [s for s in batch.sequences if len(s.token_ids) == 1 and s.start_position > 0]
+        decode_ids = {id(s) for s in decodes}
+        return decodes + [s for s in batch.sequences if id(s) not in decode_ids]
+
+    def _copy_blocks(self, batch: ExecutionBatch) -> None:
+        if not batch.block_copies:
+            return
+        src = torch.tensor([c.src for c in batch.block_copies], device=self.device)
+        dst = torch.tensor([c.dst for c in batch.block_copies], device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache[dst] = k_cache[src]
+            v_cache[dst] = v_cache[src]
+
+    def _prepare(self, batch: ExecutionBatch):
+        size = self.block_size
+        ordered = self._ordered(batch)
+        num_decodes = sum(1 for s in ordered if len(s.token_ids) == 1 and s.start_position > 0)
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_indices: list[int] = []
+        for seq in ordered:
+            table = seq.block_table
+            for offset, token_id in enumerate(seq.token_ids):
+                position = seq.start_position + offset
+                ids.append(token_id)
+                positions.append(position)
+                slots.append(table[position // size] * size + position % size)
+            if seq.do_sample:
+                logits_indices.append(len(ids) - 1)
+        device = self.device
+        decode_slots = decode_mask = None
+        if num_decodes:
+            decodes = ordered[:num_decodes]
+            longest = max(s.start_position + 1 for s in decodes)
+            blocks = math.ceil(longest / size)
+            tables = torch.tensor([s.block_table[:blocks] + [0] * (blocks - len(s.block_table[:blocks])) for s in decodes])
+            offsets = torch.arange(size)
+            decode_slots = (tables[:, :, None] * size + offsets).reshape(num_decodes, -1)[:, :longest]
+            lengths = torch.tensor([s.start_position + 1 for s in decodes])
+            decode_mask = (torch.arange(longest)[None, :] < lengths[:, None])[:, None, None, :]
+            decode_slots, decode_mask = decode_slots.to(device), decode_mask.to(device)
+        prefills = []
+        start = num_decodes
+        for seq in ordered[num_decodes:]:
+            length = len(seq.token_ids)
+            context = seq.start_position + length
+            if seq.start_position == 0:
+                prefills.append(PrefillSpan(start, length, context, None, None))
+            else:
+                table = torch.tensor(seq.block_table[: math.ceil(context / size)])
+                span_slots = (table[:, None] * size + torch.arange(size)).reshape(-1)[:context].to(device)
+                causal = torch.arange(context)[None, :] <= (seq.start_position + torch.arange(length))[:, None]
+                prefills.append(PrefillSpan(start, length, context, span_slots, causal.to(device)))
+            start += length
+        attention = AttentionInputs(torch.tensor(slots, dtype=torch.long, device=device), num_decodes, decode_slots, decode_mask, prefills)
+        return (
+            torch.tensor(ids, device=device),
+            torch.tensor(positions, device=device),
+            attention,
+            self.kv_caches,
+            torch.tensor(logits_indices, dtype=torch.long, device=device),
+        )

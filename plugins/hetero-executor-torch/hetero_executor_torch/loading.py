@@ -1,0 +1,152 @@
+"""Load weights into Hugging Face Llama naming, from a GGUF file or a Hugging Face folder.
+
+GGUF tensors are dequantized with the ``gguf`` package. llama.cpp's
+converter permutes the rows of the q and k projections so that RoPE rotates
+adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
+(rotate-half RoPE, as Hugging Face computes it) serves both sources.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import gguf
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from hetero_core.errors import ConfigError
+from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig
+
+GGUF_TYPES = {
+    gguf.GGMLQuantizationType.F32,
+    gguf.GGMLQuantizationType.F16,
+    gguf.GGMLQuantizationType.BF16,
+    gguf.GGMLQuantizationType.Q8_0,
+    gguf.GGMLQuantizationType.Q4_0,
+    gguf.GGMLQuantizationType.Q4_1,
+    gguf.GGMLQuantizationType.Q5_0,
+    gguf.GGMLQuantizationType.Q5_1,
+    gguf.GGMLQuantizationType.Q6_K,
+    gguf.GGMLQuantizationType.Q4_K,
+    gguf.GGMLQuantizationType.Q5_K,
+    gguf.GGMLQuantizationType.Q8_K,
+}
+
+GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's interleaving of q/k rows (pairwise RoPE) back to the rotate-half layout."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in GGUF_NAMES:
+        return GGUF_NAMES[gguf_name]
+    parts = gguf_name.split(".")  # blk.<i>.<name>.<weight|bias>
+    if parts[0] == "blk" and parts[2] in GGUF_LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{GGUF_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def _field(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise ConfigError(
+            f"{path.name}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}",
+            param="model",
+        )
+    hidden = _field(reader, f"{arch}.embedding_length")
+    num_heads = _field(reader, f"{arch}.attention.head_count")
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    names = {t.name for t in reader.tensors}
+    return ModelConfig(
+        name=_field(reader, "general.name") or path.stem,
+        vocab_size=_field(reader, f"{arch}.vocab_size") or len(tokens),
+        hidden_size=hidden,
+        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
+        num_layers=_field(reader, f"{arch}.block_count"),
+        num_heads=num_heads,
+        num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv") or num_heads,
+        head_size=_field(reader, f"{arch}.rope.dimension_count") or hidden // num_heads,
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+
+
+def load_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """The model's config and an iterator of (Hugging Face name, float32 tensor)."""
+    reader = gguf.GGUFReader(path)
+    config = gguf_config(reader, path)
+    arch = _field(reader, "general.architecture")
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for tensor in reader.tensors:
+            name = _hf_name(tensor.name)
+            if name is None:
+                continue
+            if tensor.tensor_type not in GGUF_TYPES:
+                raise ConfigError(
+                    f"{path.name}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}", param="model"
+                )
+            weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+            if arch == "llama" and ("q_proj" in name or "k_proj" in name):
+                weight = unpermute(weight, config.num_heads if "q_proj" in name else config.num_kv_heads)
+            yield name, torch.from_numpy(np.require(weight, requirements=["C", "W"]))
+
+    return config, tensors()
+
+
+def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+    """A Hugging Face folder: config.json plus model.safetensors (or shards listed in an index)."""
+    config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()), folder.name)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise ConfigError(f"{folder}: no model.safetensors (or index) found", param="model")
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for file in files:
+            for name, tensor in load_file(str(folder / file)).items():
+                yield name, tensor.float()
+
+    return config, tensors()
+
+
+def load_weights(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(path)
+    if path.is_dir():
+        return load_hf_folder(path)
+    raise ConfigError(f"cannot load a model from {str(path)!r}: expected a .gguf file or a folder", param="model")

@@ -1,0 +1,115 @@
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV cache."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from hetero_core.errors import ConfigError
+from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
+from hetero_executor_torch.model_config import ModelConfig
+
+
+def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+    half = config.head_size // 2
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
+    scaling = config.rope_scaling
+    if scaling:  # Llama 3.1 frequency-dependent scaling
+        factor = scaling["factor"]
+        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+        original = scaling.get("original_max_position_embeddings", 8192)
+        wavelength = 2 * math.pi / inv_freq
+        smooth = (original / wavelength - low) / (high - low)
+        scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
+        middle = (wavelength <= original / low) & (wavelength >= original / high)
+        inv_freq = torch.where(middle, (1 - smooth) * inv_freq / factor + smooth * inv_freq, scaled)
+    return inv_freq.float()
+
+
+class Layer:
+    """One decoder layer's weights (q/k/v and gate/up fused for fewer, larger matmuls)."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, config: ModelConfig) -> None:
+        def take(name: str) -> torch.Tensor:
+            return weights.pop(f"{prefix}.{name}")
+
+        self.input_norm = take("input_layernorm.weight")
+        self.post_norm = take("post_attention_layernorm.weight")
+        self.qkv = torch.cat([take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")])
+        self.qkv_bias = (
+            torch.cat([take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias")])
+            if config.attention_bias
+            else None
+        )
+        self.o_proj = take("self_attn.o_proj.weight")
+        self.gate_up = torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")])
+        self.down = take("mlp.down_proj.weight")
+
+
+class LlamaModel:
+    """Weights plus a forward pass over a flattened batch of prefill chunks and decodes."""
+
+    def __init__(self, config: ModelConfig, tensors: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype, device: torch.device) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in tensors}
+        try:
+            self.embed = weights.pop("model.embed_tokens.weight")
+            self.norm = weights.pop("model.norm.weight")
+            head = weights.pop("lm_head.weight", None)
+            self.lm_head = self.embed if config.tie_word_embeddings or head is None else head
+            self.layers = [Layer(weights, f"model.layers.{i}", config) for i in range(config.num_layers)]
+        except KeyError as exc:
+            raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
+        self.q_size = config.num_heads * config.head_size
+        self.kv_size = config.num_kv_heads * config.head_size
+        self.scale = config.head_size**-0.5
+        self.inv_freq = rope_inverse_frequencies(config).to(device)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for each token, [T, 1, head_size], in the compute dtype."""
+        angles = positions.float()[:, None] * self.inv_freq[None, :]
+        angles = torch.cat([angles, angles], dim=-1)[:, None, :]
+        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_norm_eps)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionInputs,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Logits (float32, [len(logits_indices), vocab]) for the tokens at ``logits_indices``."""
+        config = self.config
+        cos, sin = self.rope_tables(positions)
+        hidden = F.embedding(input_ids, self.embed)
+        num_tokens = hidden.shape[0]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = self.rms_norm(hidden, layer.input_norm)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q = qkv[:, : self.q_size].view(num_tokens, config.num_heads, config.head_size)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(num_tokens, config.num_kv_heads, config.head_size)
+            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, config.num_kv_heads, config.head_size)
+            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+            write_kv(k_cache, v_cache, k, v, attention.slot_mapping)
+            attended = paged_attention(q, k, v, k_cache, v_cache, attention, self.scale)
+            hidden = hidden + F.linear(attended.reshape(num_tokens, self.q_size), layer.o_proj)
+            x = self.rms_norm(hidden, layer.post_norm)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+        last = self.rms_norm(hidden[logits_indices], self.norm)
+        return F.linear(last, self.lm_head).float()

@@ -1,0 +1,67 @@
+"""The hyperparameters of a Llama-family model, from GGUF metadata or a Hugging Face config.json."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from hetero_core.errors import ConfigError
+
+# Hugging Face architectures served by the Llama forward pass (Qwen2 adds q/k/v biases).
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+
+
+@attrs.frozen
+class ModelConfig:
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False
+    eos_token_id: int | None = None
+    rope_scaling: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any], name: str) -> ModelConfig:
+        architectures = config.get("architectures") or []
+        architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
+        if architecture is None:
+            raise ConfigError(
+                f"unsupported architecture {architectures}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}", param="model"
+            )
+        num_heads = config["num_attention_heads"]
+        hidden = config["hidden_size"]
+        scaling = config.get("rope_scaling")
+        return cls(
+            name=name,
+            vocab_size=config["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            head_size=config.get("head_dim") or hidden // num_heads,
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2" or bool(config.get("attention_bias", False)),
+            eos_token_id=_first_id(config.get("eos_token_id")),
+            rope_scaling=scaling if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")) == "llama3" else None,
+        )
+
+
+def _first_id(value: Any) -> int | None:
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) else None

@@ -1,0 +1,129 @@
+"""Choosing the next token from logits, batched on the logits' device.
+
+Order per row: block end-of-sequence tokens before ``min_tokens`` ->
+repetition / presence / frequency penalties -> logprobs (of the penalised
+distribution) -> greedy argmax, or temperature, top-k, top-p and min-p
+truncation and a draw. A draw is ``argmax(probs / E)`` with ``E`` i.i.d.
+exponential noise, which samples exactly from ``probs``; for a seeded
+request the noise comes from a generator seeded by (seed, position), so the
+token depends on nothing else: not the batch, not preemption.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from hetero_core.batch import ScheduledSequence, TokenLogprobs
+
+
+def _penalised(params) -> bool:
+    return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+
+
+class Sampler:
+    """Samples one token per row of logits, following each sequence's :class:`GenerationParams`."""
+
+    def __init__(self, vocab_size: int, device: torch.device | str = "cpu", default_seed: int = 0, eos_token_id: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+        self.eos_token_id = eos_token_id
+        self.generator = torch.Generator(device=self.device).manual_seed(default_seed)
+
+    def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> tuple[list[int], dict[int, TokenLogprobs]]:
+        logits = logits[:, : self.vocab_size]
+        params = [s.params for s in seqs]
+        blocked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
+        penalised = [i for i, p in enumerate(params) if _penalised(p)]
+        wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if not blocked and not penalised and not wants_logprobs and all(p.temperature == 0.0 for p in params):
+            return logits.argmax(dim=-1).tolist(), {}
+        logits = logits.float().clone()
+        for i in blocked:
+            stops = [*seqs[i].params.stop_token_ids, *([self.eos_token_id] if self.eos_token_id is not None else [])]
+            logits[i, [t for t in stops if t < self.vocab_size]] = float("-inf")
+        if penalised:
+            self._apply_penalties(logits, [seqs[i] for i in penalised], penalised)
+        logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+        tokens = logits.argmax(dim=-1)
+        sampled = [i for i, p in enumerate(params) if p.temperature > 0.0]
+        if sampled:
+            rows = torch.tensor(sampled, device=logits.device)
+            tokens[rows] = self._sample(logits[rows], [seqs[i] for i in sampled])
+        token_list = tokens.tolist()
+        return token_list, self._logprobs(logprobs, seqs, wants_logprobs, token_list) if logprobs is not None else {}
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[ScheduledSequence], rows: list[int]) -> None:
+        vocab = self.vocab_size
+        device = logits.device
+
+        def counts(token_lists: list[list[int]]) -> torch.Tensor:
+            width = max(1, max(len(t) for t in token_lists))
+            ids = torch.full((len(token_lists), width), vocab, dtype=torch.long)
+            for row, tokens in enumerate(token_lists):
+                ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            table = torch.zeros(len(token_lists), vocab + 1, device=device)
+            table.scatter_add_(1, ids.to(device), torch.ones(ids.shape, device=device))
+            return table[:, :vocab]
+
+        index = torch.tensor(rows, device=device)
+        selected = logits[index]
+        output_counts = counts([s.all_token_ids[s.num_prompt_tokens :] for s in seqs])
+        repetition = torch.tensor([s.params.repetition_penalty for s in seqs], device=device)[:, None]
+        if (repetition != 1.0).any():
+            seen = counts([list(s.all_token_ids) for s in seqs]) > 0
+            selected = torch.where(seen, torch.where(selected > 0, selected / repetition, selected * repetition), selected)
+        frequency = torch.tensor([s.params.frequency_penalty for s in seqs], device=device)[:, None]
+        presence = torch.tensor([s.params.presence_penalty for s in seqs], device=device)[:, None]
+        selected = selected - frequency * output_counts - presence * (output_counts > 0)
+        logits[index] = selected
+
+    def _sample(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
+        device = logits.device
+        temperature = torch.tensor([s.params.temperature for s in seqs], device=device)[:, None]
+        logits = logits / temperature
+        if any(s.params.top_k or s.params.top_p < 1.0 or s.params.min_p > 0.0 for s in seqs):
+            logits = self._truncate(logits, seqs)
+        probs = torch.softmax(logits, dim=-1)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, s in enumerate(seqs) if s.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=device).exponential_(generator=self.generator)
+        for i, seq in enumerate(seqs):
+            if seq.seed is not None:
+                generator = torch.Generator(device=device).manual_seed(hash((seq.seed, len(seq.all_token_ids))) & (2**63 - 1))
+                noise[i].exponential_(generator=generator)
+        return (probs / noise).argmax(dim=-1)
+
+    @staticmethod
+    def _truncate(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
+        """Keep each row's top-k, then the smallest top-p nucleus, then tokens above min_p * max."""
+        device = logits.device
+        vocab = logits.shape[1]
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        rank = torch.arange(vocab, device=device)[None, :]
+        top_k = torch.tensor([s.params.top_k or vocab for s in seqs], device=device)[:, None]
+        sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
+        probs = torch.softmax(sorted_logits, dim=-1)
+        top_p = torch.tensor([s.params.top_p for s in seqs], device=device)[:, None]
+        before = probs.cumsum(dim=-1) - probs  # probability mass of the tokens ranked above
+        remove = before >= top_p
+        min_p = torch.tensor([s.params.min_p for s in seqs], device=device)[:, None]
+        remove |= probs < min_p * probs[:, :1]
+        remove[:, 0] = False  # always keep the most likely token
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+
+    @staticmethod
+    def _logprobs(logprobs: torch.Tensor, seqs: Sequence[ScheduledSequence], rows: list[int], tokens: list[int]) -> dict[int, TokenLogprobs]:
+        result = {}
+        max_top = max(seqs[i].params.logprobs for i in rows)
+        top_values, top_ids = logprobs[rows].topk(max(1, max_top), dim=-1)
+        chosen = logprobs[rows, [tokens[i] for i in rows]].tolist()
+        top_values, top_ids = top_values.tolist(), top_ids.tolist()
+        for row_number, i in enumerate(rows):
+            k = seqs[i].params.logprobs
+            top = list(zip(top_ids[row_number][:k], top_values[row_number][:k]))
+            result[seqs[i].seq_id] = TokenLogprobs(tokens[i], chosen[row_number], top)
+        return result

@@ -1,0 +1,103 @@
+"""The safetensors path and the paged forward pass, on tiny random models checked against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero_core.config import EngineConfig
+from hetero_core.params import GenerationParams
+from hetero_core.testing import ExecutorContract
+from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
+
+from .conftest import tiny_engine, write_tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+
+def our_logits(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
+    """Logits at every position from one whole-sequence prefill through the paged cache."""
+    executor.initialize_cache(64, 4)
+    n = len(ids)
+    attention = AttentionInputs(torch.arange(n) + 8, 0, None, None, [PrefillSpan(0, n, n, None, None)])
+    with torch.inference_mode():
+        return executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
+
+
+@pytest.mark.parametrize(("architecture", "tie"), [("llama", False), ("llama", True), ("qwen2", False)])
+def test_logits_match_transformers(tmp_path, architecture: str, tie: bool) -> None:
+    folder = write_tiny_model(tmp_path, architecture=architecture, tie=tie, seed=3)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    executor = TorchExecutor(EngineConfig(model=str(folder)), dtype="float32")
+    ids = torch.randint(0, 259, (37,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(our_logits(executor, ids), expected, atol=2e-4, rtol=1e-4)
+
+
+class TestTinyModelExecutorContract(ExecutorContract):
+    @pytest.fixture
+    def executor(self, tiny_model):
+        return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32")
+
+
+PROMPTS = ["The first prompt", "a second, longer prompt that spans several blocks", "x", "The first prompt again"]
+
+
+def outputs(engine, prompts, params) -> list[list[list[int]]]:
+    return [[o.token_ids for o in r.outputs] for r in engine.generate(prompts, params)]
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(tiny_model):
+    engine = tiny_engine(tiny_model, enable_chunked_prefill=False, cache_allocator={"name": "paged", "enable_prefix_caching": False})
+    params = GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    return [outputs(engine, [p], params)[0] for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"max_total_tokens": 7},  # chunked prefill mixed with decodes
+        {"max_num_blocks": 20, "max_model_len": 80},  # constant preemption
+        {"max_batch_size": 2},
+    ],
+    ids=["batched", "chunked", "preempting", "small-batches"],
+)
+def test_batched_generation_equals_one_at_a_time(tiny_model, one_at_a_time, overrides) -> None:
+    engine = tiny_engine(tiny_model, **overrides)
+    got = outputs(engine, PROMPTS, GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert got == one_at_a_time
+    if "max_num_blocks" in overrides:
+        assert engine.metrics.num_preemptions > 0
+    assert engine.get_memory_stats().used_blocks == 0
+
+
+def test_prefix_cache_hits_do_not_change_outputs(tiny_model, one_at_a_time) -> None:
+    engine = tiny_engine(tiny_model)
+    engine.generate([PROMPTS[3]], GenerationParams(temperature=0.0, max_tokens=2))  # caches the shared prefix
+    got = outputs(engine, PROMPTS, GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert engine.metrics.prefix_cache_hits > 0
+    assert got == one_at_a_time
+
+
+def test_parallel_greedy_samples_equal_the_single_answer(tiny_model, one_at_a_time) -> None:
+    engine = tiny_engine(tiny_model)
+    record = engine.generate([PROMPTS[1]], GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True, n=3))[0]
+    assert [o.token_ids for o in record.outputs] == one_at_a_time[1] * 3
+
+
+def test_seeded_sampling_reproduces_across_batches_and_pressure(tiny_model) -> None:
+    params = GenerationParams(temperature=1.0, top_p=0.9, top_k=50, seed=11, max_tokens=20, ignore_eos=True)
+    alone = outputs(tiny_engine(tiny_model), [PROMPTS[1]], params)[0]
+    crowded = outputs(tiny_engine(tiny_model, max_num_blocks=20, max_model_len=80), PROMPTS, params)[1]
+    assert crowded == alone
+
+
+def test_pool_sized_from_memory(tiny_model) -> None:
+    engine = tiny_engine(tiny_model, kv_cache_memory_mb=1)
+    block_bytes = engine.executor.kv_cache_block_bytes(4)
+    assert block_bytes == 2 * 2 * 4 * 2 * 16 * 4  # k+v, layers, slots, kv heads, head size, fp32
+    assert engine.num_blocks == 2**20 // block_bytes
