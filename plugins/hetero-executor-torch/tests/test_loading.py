@@ -1,0 +1,63 @@
+"""GGUF dequantization and the q/k row permutation, on small hand-made tensors."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError
+from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.loading import unpermute
+
+TYPES = [
+    (gguf.GGMLQuantizationType.F32, 0.0),
+    (gguf.GGMLQuantizationType.F16, 1e-3),
+    (gguf.GGMLQuantizationType.BF16, 1e-2),
+    (gguf.GGMLQuantizationType.Q8_0, 2e-2),
+    (gguf.GGMLQuantizationType.Q4_1, 0.15),
+    (gguf.GGMLQuantizationType.Q4_0, 0.3),
+]
+
+
+@pytest.mark.parametrize(("kind", "tolerance"), TYPES, ids=[t.name for t, _ in TYPES])
+def test_quantize_dequantize_round_trip(kind, tolerance: float) -> None:
+    weights = np.random.default_rng(0).uniform(-1, 1, size=(4, 64)).astype(np.float32)
+    restored = gguf.quants.dequantize(gguf.quants.quantize(weights, kind), kind)
+    assert restored.shape == weights.shape
+    assert np.abs(restored - weights).max() <= tolerance + 1e-7
+
+
+def test_q4_1_layout_matches_the_documented_block() -> None:
+    """32 weights in 20 bytes: f16 scale, f16 min, 16 bytes of nibbles; low nibble = weight i, high = weight i + 16."""
+    nibbles = np.arange(32) % 16
+    block = np.zeros(20, dtype=np.uint8)
+    block[0:2] = np.frombuffer(np.float16(0.5).tobytes(), np.uint8)
+    block[2:4] = np.frombuffer(np.float16(-1.0).tobytes(), np.uint8)
+    block[4:] = nibbles[:16] | (nibbles[16:] << 4)
+    weights = gguf.quants.dequantize(block[None], gguf.GGMLQuantizationType.Q4_1)
+    np.testing.assert_allclose(weights[0], 0.5 * nibbles - 1.0)
+
+
+def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """What llama.cpp's converter does to q/k rows (written from its documented behaviour)."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 9])
+def test_unpermute_inverts_the_converter(num_heads: int) -> None:
+    weight = np.random.default_rng(1).normal(size=(num_heads * 8, 5)).astype(np.float32)
+    np.testing.assert_array_equal(unpermute(llama_cpp_permute(weight, num_heads), num_heads), weight)
+
+
+def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
+    (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(ConfigError, match="unsupported architecture"):
+        TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float32")
+
+
+def test_bad_dtype_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="dtype must be one of"):
+        TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float64")

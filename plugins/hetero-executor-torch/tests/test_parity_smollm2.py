@@ -1,0 +1,80 @@
+"""Greedy tokens and logits match Hugging Face transformers on the embedded SmolLM2 GGUF (float32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetero_core.config import EngineConfig
+from hetero_core.engine import InferenceEngine
+from hetero_core.model_source import resolve_model_path
+from hetero_core.params import GenerationParams
+from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
+
+transformers = pytest.importorskip("transformers")
+
+MODEL = resolve_model_path(None)
+NEW_TOKENS = 32
+NEAR_TIE = 0.05
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a short poem about the sea."}],
+    [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "List three prime numbers."}],
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return transformers.AutoModelForCausalLM.from_pretrained(str(MODEL.parent), gguf_file=MODEL.name, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return InferenceEngine(EngineConfig(executor={"name": "torch", "dtype": "float32"}, max_model_len=512))
+
+
+@pytest.fixture(scope="module")
+def generations(engine):
+    params = GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    ids = [engine.submit_chat(chat, params) for chat in CHATS]
+    records = {r.request_id: r for r in engine.run()}
+    return [records[i] for i in ids]
+
+
+@pytest.mark.parametrize("number", range(len(CHATS)))
+def test_greedy_tokens_match_unless_a_near_tie(reference, generations, number: int) -> None:
+    record = generations[number]
+    sequence = torch.tensor([record.input_tokens + record.generated_tokens])
+    with torch.inference_mode():
+        logits = reference(sequence).logits[0, len(record.input_tokens) - 1 : -1]
+    for step, token in enumerate(record.generated_tokens):
+        top2 = logits[step].topk(2)
+        expected = int(top2.indices[0])
+        if token != expected:
+            gap = float(top2.values[0] - top2.values[1])
+            assert gap < NEAR_TIE, f"step {step}: got {token}, transformers picks {expected} by a margin of {gap:.3f}"
+            assert float(logits[step, expected] - logits[step, token]) < NEAR_TIE
+            break  # past a near-tie the two continuations legitimately differ
+    assert len(record.generated_tokens) == NEW_TOKENS
+
+
+def test_logits_match_transformers(reference, engine, generations) -> None:
+    record = generations[0]
+    ids = record.input_tokens + record.generated_tokens
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids])).logits[0]
+    executor = engine.executor
+
+    n = len(ids)
+    last_slots = torch.arange(n) + engine.num_blocks * engine.config.block_size - n  # the tail of the pool, unused here
+    attention = AttentionInputs(last_slots, 0, None, None, [PrefillSpan(0, n, n, None, None)])
+    with torch.inference_mode():
+        ours = executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
+    torch.testing.assert_close(ours, expected, atol=2e-3, rtol=1e-3)
+
+
+def test_batched_equals_single_on_the_real_model(engine, generations) -> None:
+    """Alone, and with its system prompt now in the prefix cache, the answer is the same."""
+    single = engine.generate([generations[1].input_tokens], GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    assert single[0].num_cached_tokens > 0
+    assert single[0].generated_tokens == generations[1].generated_tokens

@@ -1,0 +1,134 @@
+"""The sampler against plain references: truncation sets, penalties, logprobs, seeds, frequencies."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from hetero_core.batch import ScheduledSequence
+from hetero_core.params import GenerationParams
+from hetero_executor_torch.sampling import Sampler
+
+VOCAB = 16
+
+
+def seq(params: GenerationParams, history: list[int] | None = None, *, seq_id: int = 0, prompt: int = 1, seed=None) -> ScheduledSequence:
+    tokens = history if history is not None else [0]
+    return ScheduledSequence(seq_id, tokens[-1:], len(tokens) - 1, [0], True, params, tokens, prompt, seed if seed is not None else params.seed)
+
+
+def allowed_tokens(logits: np.ndarray, params: GenerationParams) -> set[int]:
+    """The reference: which tokens temperature + top-k + top-p + min-p leave."""
+    scaled = logits / params.temperature
+    order = sorted(range(len(scaled)), key=lambda i: -scaled[i])
+    keep = order[: params.top_k or len(order)]
+    probs = np.exp(scaled[keep] - scaled[keep].max())
+    probs /= probs.sum()
+    kept, mass = [], 0.0
+    for token, p in zip(keep, probs):
+        if mass >= params.top_p - 1e-6 and kept:
+            break
+        if p < params.min_p * probs[0] - 1e-9 and kept:
+            continue
+        kept.append(token)
+        mass += p
+    return set(kept)
+
+
+logit_rows = st.lists(st.floats(-8, 8, allow_nan=False).map(lambda x: round(x, 2)), min_size=VOCAB, max_size=VOCAB)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    logits=logit_rows,
+    temperature=st.sampled_from([0.3, 1.0, 1.7]),
+    top_k=st.one_of(st.none(), st.integers(1, VOCAB)),
+    top_p=st.sampled_from([0.1, 0.5, 0.9, 1.0]),
+    min_p=st.sampled_from([0.0, 0.05, 0.3]),
+    seed=st.integers(0, 10_000),
+)
+def test_truncation_never_emits_a_token_outside_the_allowed_set(logits, temperature, top_k, top_p, min_p, seed) -> None:
+    params = GenerationParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    row = np.array(logits, dtype=np.float32)
+    if len(set(np.round(row / temperature, 3))) < VOCAB:  # ties make "the top k" ambiguous
+        return
+    tokens, _ = Sampler(VOCAB)(torch.tensor([row]), [seq(params)])
+    assert tokens[0] in allowed_tokens(row, params)
+
+
+def test_greedy_is_argmax_and_skips_padded_vocabulary() -> None:
+    logits = torch.randn(4, VOCAB + 5, generator=torch.Generator().manual_seed(0))
+    logits[:, VOCAB:] = 100.0  # padding columns must never win
+    tokens, logprobs = Sampler(VOCAB)(logits, [seq(GenerationParams(temperature=0.0), seq_id=i) for i in range(4)])
+    assert tokens == logits[:, :VOCAB].argmax(-1).tolist() and logprobs == {}
+
+
+def test_penalties_follow_their_definitions() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5] + [0.0] * (VOCAB - 4)])
+    params = GenerationParams(temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25, logprobs=VOCAB)
+    history = [0, 1, 2, 2]  # prompt [0, 1]; output [2, 2]
+    tokens, logprobs = Sampler(VOCAB)(logits, [seq(params, history, prompt=2)])
+    expected = logits[0].clone()
+    expected[0], expected[1] = 2.0 / 2, -2.0 * 2  # repetition: prompt and output tokens
+    expected[2] = 1.0 / 2 - 0.5 - 0.25 * 2  # and presence/frequency over the output only
+    reference = torch.log_softmax(expected, -1)
+    got = dict(logprobs[0].top)
+    for token in range(VOCAB):
+        assert math.isclose(got[token], float(reference[token]), abs_tol=1e-5)
+    assert tokens[0] == int(expected.argmax())
+
+
+def test_logprobs_are_sorted_and_sized() -> None:
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(1))
+    tokens, logprobs = Sampler(VOCAB)(logits, [seq(GenerationParams(temperature=0.0, logprobs=3), seq_id=7), seq(GenerationParams(temperature=0.0), seq_id=8)])
+    assert set(logprobs) == {7}
+    top = logprobs[7].top
+    assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+    assert logprobs[7].token_id == tokens[0] == top[0][0]
+    assert math.isclose(logprobs[7].logprob, float(torch.log_softmax(logits[0], -1).max()), abs_tol=1e-6)
+
+
+def test_seeded_rows_do_not_depend_on_the_batch() -> None:
+    generator = torch.Generator().manual_seed(2)
+    target = torch.randn(VOCAB, generator=generator)
+    params = GenerationParams(temperature=1.0, top_p=1.0, seed=99)
+    alone, _ = Sampler(VOCAB, default_seed=1)(target[None], [seq(params)])
+    others = torch.randn(3, VOCAB, generator=generator)
+    batch = torch.cat([others[:2], target[None], others[2:]])
+    rows = [seq(GenerationParams(temperature=1.0), seq_id=1), seq(GenerationParams(temperature=0.0), seq_id=2), seq(params, seq_id=3), seq(GenerationParams(temperature=0.7), seq_id=4)]
+    together, _ = Sampler(VOCAB, default_seed=5)(batch, rows)
+    assert together[2] == alone[0]
+
+
+def test_different_seeds_explore_the_distribution() -> None:
+    logits = torch.zeros(1, VOCAB)
+    draws = {Sampler(VOCAB)(logits, [seq(GenerationParams(temperature=1.0, top_p=1.0, seed=s))])[0][0] for s in range(200)}
+    assert len(draws) > VOCAB // 2
+
+
+def test_frequencies_follow_softmax_with_temperature() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0] + [-30.0] * (VOCAB - 4)])
+    temperature = 0.8
+    sampler = Sampler(VOCAB, default_seed=3)
+    params = GenerationParams(temperature=temperature, top_p=1.0)
+    draws = 4000
+    rows = [seq(params, seq_id=i) for i in range(draws)]
+    tokens, _ = sampler(logits.expand(draws, VOCAB), rows)
+    observed = np.bincount(tokens, minlength=VOCAB)[:4] / draws
+    expected = torch.softmax(logits[0] / temperature, -1)[:4].numpy()
+    assert np.abs(observed - expected).max() < 0.03
+
+
+def test_min_tokens_blocks_eos_and_stop_tokens() -> None:
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5] = 10.0  # eos
+    logits[0, 6] = 9.0  # a stop token
+    params = GenerationParams(temperature=0.0, min_tokens=3, stop_token_ids=[6])
+    tokens, _ = Sampler(VOCAB, eos_token_id=5)(logits, [seq(params, [0, 1], prompt=1)])
+    assert tokens[0] not in (5, 6)
+    done, _ = Sampler(VOCAB, eos_token_id=5)(logits, [seq(params, [0, 1, 2, 3], prompt=1)])
+    assert done[0] == 5
