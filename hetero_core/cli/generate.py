@@ -1,0 +1,127 @@
+"""Generating from the command line: one prompt, an interactive chat, or a file of prompts."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+from hetero_core.engine import InferenceEngine
+from hetero_core.errors import ValidationError
+from hetero_core.params import GenerationParams
+
+
+def one_shot(
+    engine: InferenceEngine, prompt: str, params: GenerationParams, *, as_chat: bool = True, out: TextIO = sys.stdout
+) -> None:
+    """Stream the answer to ``out`` as it is produced; a summary line goes to stderr.
+
+    With ``as_chat`` the prompt is one user message in the model's chat template.
+    """
+    started = time.monotonic()
+    deltas: list = []
+    if as_chat:
+        engine.submit_chat([{"role": "user", "content": prompt}], params, on_output=deltas.append)
+    else:
+        engine.submit_request(prompt, params, on_output=deltas.append)
+    text, num_tokens = _write_while_running(engine, deltas, out)
+    elapsed = time.monotonic() - started
+    out.write("\n")
+    out.flush()
+    print(f"[{num_tokens} tokens in {elapsed:.2f} s, {num_tokens / elapsed:.1f} tokens/s]", file=sys.stderr)
+
+
+def _write_while_running(engine: InferenceEngine, deltas: list, out: TextIO) -> tuple[str, int]:
+    """Step until the engine is idle, writing each step's new text; return the text and its token count."""
+    pieces: list[str] = []
+    num_tokens = 0
+    while engine.has_pending_work():
+        engine.step()
+        for delta in deltas:
+            out.write(delta.text)
+            out.flush()
+            pieces.append(delta.text)
+            num_tokens += len(delta.token_ids)
+        deltas.clear()
+    return "".join(pieces), num_tokens
+
+
+def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
+    """An interactive chat with the model's template; the history grows with each turn. Ctrl-D ends it."""
+    history: list[dict[str, str]] = []
+    while True:
+        out.write("> ")
+        out.flush()
+        line = source.readline()
+        if not line:
+            out.write("\n")
+            return
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line.rstrip("\n")})
+        deltas: list = []
+        engine.submit_chat(history, params, on_output=deltas.append)
+        answer, _ = _write_while_running(engine, deltas, out)
+        out.write("\n")
+        history.append({"role": "assistant", "content": answer})
+
+
+def _read_prompts(path: Path) -> list[dict[str, Any]]:
+    """Plain text (one prompt per line) or JSONL with a "prompt" or "messages" key per line."""
+    items = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl" or line.lstrip().startswith("{"):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValidationError(f"{path}:{number}: invalid JSON: {exc.msg}") from exc
+            if not isinstance(item, dict) or not ("prompt" in item or "messages" in item):
+                raise ValidationError(f"{path}:{number}: expected an object with 'prompt' or 'messages'")
+            items.append(item)
+        else:
+            items.append({"prompt": line})
+    return items
+
+
+def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, params: GenerationParams) -> None:
+    """Run every prompt through continuous batching, writing one JSON line per result in input order."""
+    items = _read_prompts(input_file)
+    ids = []
+    for item in items:
+        if "messages" in item:
+            ids.append(engine.submit_chat(item["messages"], params))
+        else:
+            ids.append(engine.submit_request(item["prompt"], params))
+    records = {}
+    num_tokens = 0
+    started = time.monotonic()
+    with tqdm(total=len(ids), unit="req", file=sys.stderr) as progress:
+        while engine.has_pending_work():
+            for record in engine.step():
+                records[record.request_id] = record
+                num_tokens += sum(len(o.token_ids) for o in record.outputs)
+                progress.update(1)
+                progress.set_postfix(tokens_per_s=f"{num_tokens / (time.monotonic() - started):.1f}")
+    lines = [
+        json.dumps(
+            {
+                "input": item.get("prompt", item.get("messages")),
+                "output": records[i].output_text,
+                "finish_reason": records[i].finish_reason.value,
+                "prompt_tokens": len(records[i].input_tokens),
+                "completion_tokens": len(records[i].generated_tokens),
+            }
+        )
+        for item, i in zip(items, ids)
+    ]
+    text = "\n".join(lines) + "\n"
+    if output_file is None:
+        sys.stdout.write(text)
+    else:
+        output_file.write_text(text)

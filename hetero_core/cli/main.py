@@ -1,0 +1,95 @@
+"""``hetero-infer``: generate, chat, run a batch, serve, list plugins."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import attrs
+
+from hetero_core.cli.generate import batch, chat, one_shot
+from hetero_core.cli.options import add_engine_arguments, add_sampling_arguments, engine_config, generation_params
+from hetero_core.errors import EngineError
+from hetero_core.logs import configure_logging
+from hetero_core.plugins import create_plugin_manager, describe_plugins
+
+EXAMPLES = """\
+examples:
+  hetero-infer --input "What is the capital of France?"
+  hetero-infer --chat
+  hetero-infer --input-file prompts.jsonl --output-file results.jsonl
+  hetero-infer serve --port 8000
+  hetero-infer plugins
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetero-infer", description="LLM inference with pluggable backends.", epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", nargs="?", choices=["generate", "serve", "plugins"], default="generate")
+    parser.add_argument("--input", help="a prompt to answer (streamed to stdout)")
+    parser.add_argument("--chat", action="store_true", help="interactive chat using the model's chat template")
+    parser.add_argument("--raw", action="store_true", help="send --input as plain text, not as a chat message")
+    parser.add_argument("--input-file", type=Path, help="prompts: text lines, or JSONL with 'prompt' or 'messages'")
+    parser.add_argument("--output-file", type=Path, help="where --input-file results go (JSONL; default stdout)")
+    parser.add_argument("--serve", action="store_true", help="same as the 'serve' command")
+    parser.add_argument("--host", help="server address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="server port (default 8000)")
+    parser.add_argument("--api-key", help="require this bearer token (also HETERO_API_KEY)")
+    parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
+    add_engine_arguments(parser)
+    add_sampling_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "plugins":
+        print(json.dumps(describe_plugins(create_plugin_manager()), indent=2))
+        return 0
+    config = engine_config(args)
+    if args.command == "serve" or args.serve:
+        from hetero_core.server.run import serve
+
+        server_changes = {k: v for k, v in (("host", args.host), ("port", args.port), ("api_key", args.api_key)) if v is not None}
+        if server_changes:
+            config = config.evolve(server=attrs.evolve(config.server, **server_changes))
+        serve(config)
+        return 0
+    params = generation_params(args)
+    if not (args.input or args.chat or args.input_file):
+        raise EngineError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins)")
+    from hetero_core.engine import InferenceEngine
+
+    engine = InferenceEngine(config)
+    try:
+        if args.input_file:
+            batch(engine, args.input_file, args.output_file, params)
+        elif args.chat:
+            chat(engine, params)
+        else:
+            one_shot(engine, args.input, params, as_chat=not args.raw)
+    finally:
+        engine.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(debug=args.debug, quiet=not (args.debug or args.command == "serve" or args.serve))
+    try:
+        return run(args)
+    except EngineError as exc:
+        if args.debug:
+            raise
+        print(f"hetero-infer: error: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
