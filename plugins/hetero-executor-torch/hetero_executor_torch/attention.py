@@ -1,8 +1,8 @@
 """Paged attention in plain torch: per-step index tensors, then one call per layer.
 
 The batch is flattened with decode tokens first. Decodes share one
-scaled-dot-product call over their contexts gathered through the block
-tables (padded to the longest, masked); each prefill chunk gets its own
+scaled-dot-product call over their contexts gathered block by block through
+the block tables (padded to the longest, masked); each prefill chunk gets its own
 call, causal over its cached and new tokens. A chunk with nothing cached
 attends to its own fresh keys and values directly, without a gather.
 """
@@ -19,7 +19,7 @@ class PrefillSpan:
     start: int  # first token of the chunk in the flattened batch
     length: int  # tokens in the chunk
     context_len: int  # cached + new tokens it attends to
-    slots: torch.Tensor | None  # cache slots of those context tokens; None when nothing is cached
+    blocks: torch.Tensor | None  # the block table covering the context; None when nothing is cached
     mask: torch.Tensor | None  # [length, context_len] causal mask over cached + new tokens
 
 
@@ -29,8 +29,8 @@ class AttentionInputs:
 
     slot_mapping: torch.Tensor  # [T] where each new token's key/value is written
     num_decodes: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context] gather indices (padding -> slot 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context], True = attend
+    decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks] block tables (padding -> block 0)
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
     prefills: list[PrefillSpan]
 
 
@@ -39,6 +39,17 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
     kv_heads, head_size = k_cache.shape[-2:]
     k_cache.view(-1, kv_heads, head_size).index_copy_(0, slots, key.to(k_cache.dtype))
     v_cache.view(-1, kv_heads, head_size).index_copy_(0, slots, value.to(v_cache.dtype))
+
+
+def gather_blocks(cache: torch.Tensor, tables: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The cache blocks named by ``tables`` [rows, blocks], as [rows, blocks * block_size, kv_heads, head_size].
+
+    Whole blocks are copied (contiguous runs of block_size tokens), which is
+    far cheaper than gathering token by token.
+    """
+    rows, blocks = tables.shape
+    gathered = cache.index_select(0, tables.reshape(-1))
+    return gathered.view(rows, blocks * cache.shape[1], *cache.shape[2:]).to(dtype)
 
 
 def paged_attention(
@@ -52,14 +63,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention output [T, heads, head_size] for query [T, heads, head_size]; the cache already holds this step's keys."""
     kv_heads, head_size = k_cache.shape[-2:]
-    flat_k = k_cache.view(-1, kv_heads, head_size)
-    flat_v = v_cache.view(-1, kv_heads, head_size)
     out = torch.empty_like(query)
     gqa = query.shape[1] != kv_heads
     if inputs.num_decodes:
         n = inputs.num_decodes
-        keys = flat_k[inputs.decode_slots].to(query.dtype).transpose(1, 2)  # [n, kv_heads, L, head_size]
-        values = flat_v[inputs.decode_slots].to(query.dtype).transpose(1, 2)
+        keys = gather_blocks(k_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)  # [n, kv_heads, L, head_size]
+        values = gather_blocks(v_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)
         q = query[:n].unsqueeze(2)  # [n, heads, 1, head_size]
         out[:n] = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=inputs.decode_mask, scale=scale, enable_gqa=gqa
@@ -67,13 +76,13 @@ def paged_attention(
     for span in inputs.prefills:
         rows = slice(span.start, span.start + span.length)
         q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, length, head_size]
-        if span.slots is None:
+        if span.blocks is None:
             keys = key[rows].transpose(0, 1).unsqueeze(0)
             values = value[rows].transpose(0, 1).unsqueeze(0)
             attended = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=gqa)
         else:
-            keys = flat_k[span.slots].to(query.dtype).transpose(0, 1).unsqueeze(0)
-            values = flat_v[span.slots].to(query.dtype).transpose(0, 1).unsqueeze(0)
+            keys = gather_blocks(k_cache, span.blocks[None], query.dtype)[:, : span.context_len].transpose(1, 2)
+            values = gather_blocks(v_cache, span.blocks[None], query.dtype)[:, : span.context_len].transpose(1, 2)
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=span.mask, scale=scale, enable_gqa=gqa)
         out[rows] = attended.squeeze(0).transpose(0, 1)
     return out

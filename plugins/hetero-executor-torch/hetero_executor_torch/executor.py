@@ -159,17 +159,15 @@ class TorchExecutor:
             if seq.do_sample:
                 logits_indices.append(len(ids) - 1)
         device = self.device
-        decode_slots = decode_mask = None
+        decode_blocks = decode_mask = None
         if num_decodes:
             decodes = ordered[:num_decodes]
-            longest = max(s.start_position + 1 for s in decodes)
-            blocks = math.ceil(longest / size)
-            tables = torch.tensor([s.block_table[:blocks] + [0] * (blocks - len(s.block_table[:blocks])) for s in decodes])
-            offsets = torch.arange(size)
-            decode_slots = (tables[:, :, None] * size + offsets).reshape(num_decodes, -1)[:, :longest]
-            lengths = torch.tensor([s.start_position + 1 for s in decodes])
-            decode_mask = (torch.arange(longest)[None, :] < lengths[:, None])[:, None, None, :]
-            decode_slots, decode_mask = decode_slots.to(device), decode_mask.to(device)
+            lengths = [s.start_position + 1 for s in decodes]
+            blocks = math.ceil(max(lengths) / size)
+            tables = [s.block_table[: math.ceil(n / size)] for s, n in zip(decodes, lengths)]
+            decode_blocks = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], device=device)
+            mask = torch.arange(blocks * size)[None, :] < torch.tensor(lengths)[:, None]
+            decode_mask = mask[:, None, None, :].to(device)
         prefills = []
         start = num_decodes
         for seq in ordered[num_decodes:]:
@@ -178,12 +176,11 @@ class TorchExecutor:
             if seq.start_position == 0:
                 prefills.append(PrefillSpan(start, length, context, None, None))
             else:
-                table = torch.tensor(seq.block_table[: math.ceil(context / size)])
-                span_slots = (table[:, None] * size + torch.arange(size)).reshape(-1)[:context].to(device)
+                table = torch.tensor(seq.block_table[: math.ceil(context / size)], device=device)
                 causal = torch.arange(context)[None, :] <= (seq.start_position + torch.arange(length))[:, None]
-                prefills.append(PrefillSpan(start, length, context, span_slots, causal.to(device)))
+                prefills.append(PrefillSpan(start, length, context, table, causal.to(device)))
             start += length
-        attention = AttentionInputs(torch.tensor(slots, dtype=torch.long, device=device), num_decodes, decode_slots, decode_mask, prefills)
+        attention = AttentionInputs(torch.tensor(slots, dtype=torch.long, device=device), num_decodes, decode_blocks, decode_mask, prefills)
         return (
             torch.tensor(ids, device=device),
             torch.tensor(positions, device=device),
