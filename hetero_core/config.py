@@ -132,8 +132,8 @@ class EngineConfig:
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")
     executor: ComponentSpec = _component("torch")
-    plugins: PluginsConfig = attrs.field(factory=PluginsConfig)
-    server: ServerConfig = attrs.field(factory=ServerConfig)
+    plugins: PluginsConfig = attrs.field(factory=PluginsConfig, converter=lambda v: _section(PluginsConfig, v, "plugins"))
+    server: ServerConfig = attrs.field(factory=ServerConfig, converter=lambda v: _section(ServerConfig, v, "server"))
 
     def validate(self) -> None:
         """Re-run every field's validator (construction already did; this is for the seed's API)."""
@@ -175,6 +175,15 @@ class EngineConfig:
 _SECTIONS: dict[str, type] = {"plugins": PluginsConfig, "server": ServerConfig}
 
 
+def _section(cls: type, value: Any, key: str) -> Any:
+    """A config section given as its class or as a mapping of its fields."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return _build(cls, value, prefix=f"{key}.")
+    raise ConfigError(f"{key} must be an object, got {value!r}", param=key)
+
+
 def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: str = "") -> Any:
     allowed = attrs.fields_dict(cls)
     unknown = sorted(set(values) - set(allowed))
@@ -188,8 +197,6 @@ def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: st
         section = _SECTIONS.get(key) if cls is EngineConfig else None
         if section is not None and isinstance(value, Mapping):
             value = _build(section, value, base=getattr(base, key, None), prefix=f"{key}.")
-        elif section is not None and not isinstance(value, section):
-            raise ConfigError(f"{key} must be an object, got {value!r}", param=key)
         kwargs[key] = value
     try:
         return attrs.evolve(base, **kwargs) if base is not None else cls(**kwargs)

@@ -1,0 +1,67 @@
+"""A real server on a loopback port, in a background thread, for real HTTP clients."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from hetero_core.config import EngineConfig
+from hetero_core.server.app import create_app
+
+
+class RunningServer:
+    def __init__(self, config: EngineConfig) -> None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.config = config.evolve(server={"host": "127.0.0.1", "port": port})
+        self.app = create_app(self.config)
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def engine(self):
+        return self.app.state.backend.engine
+
+    def __enter__(self) -> RunningServer:
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the server did not become ready")
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def mock_server_config(**overrides: Any) -> EngineConfig:
+    values: dict[str, Any] = dict(tokenizer="simple", executor={"name": "mock", "vocab_size": 128}, block_size=4, max_num_blocks=256)
+    values.update(overrides)
+    return EngineConfig.from_mapping(values)
+
+
+@pytest.fixture(scope="module")
+def model_server() -> Iterator[RunningServer]:
+    """The embedded SmolLM2 in float32 (deterministic greedy answers)."""
+    config = EngineConfig(executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, server={"model_name": "smollm2"})
+    with RunningServer(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def mock_server() -> Iterator[RunningServer]:
+    with RunningServer(mock_server_config(server={"model_name": "mock"})) as server:
+        yield server
