@@ -16,12 +16,13 @@ from hetero_core.params import GenerationParams
 
 
 def one_shot(
-    engine: InferenceEngine, prompt: str, params: GenerationParams, *, as_chat: bool = True, out: TextIO = sys.stdout
+    engine: InferenceEngine, prompt: str, params: GenerationParams, *, as_chat: bool = True, out: TextIO | None = None
 ) -> None:
     """Stream the answer to ``out`` as it is produced; a summary line goes to stderr.
 
     With ``as_chat`` the prompt is one user message in the model's chat template.
     """
+    out = out or sys.stdout
     started = time.monotonic()
     deltas: list = []
     if as_chat:
@@ -50,8 +51,9 @@ def _write_while_running(engine: InferenceEngine, deltas: list, out: TextIO) -> 
     return "".join(pieces), num_tokens
 
 
-def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO = sys.stdin, out: TextIO = sys.stdout) -> None:
+def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO | None = None, out: TextIO | None = None) -> None:
     """An interactive chat with the model's template; the history grows with each turn. Ctrl-D ends it."""
+    source, out = source or sys.stdin, out or sys.stdout
     history: list[dict[str, str]] = []
     while True:
         out.write("> ")
@@ -71,12 +73,12 @@ def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO = sys
 
 
 def _read_prompts(path: Path) -> list[dict[str, Any]]:
-    """Plain text (one prompt per line) or JSONL with a "prompt" or "messages" key per line."""
+    """One prompt per line: a JSON object with "prompt" or "messages", or else the line's text."""
     items = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        if path.suffix == ".jsonl" or line.lstrip().startswith("{"):
+        if line.lstrip().startswith("{"):
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:

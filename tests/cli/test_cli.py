@@ -1,0 +1,77 @@
+"""The hetero-infer command: flags over the config file, one-shot, batch files, plugins, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetero_core.cli.main import build_parser, main
+from hetero_core.cli.options import engine_config
+
+MOCK = ["--tokenizer", "simple", "--executor", "mock", "--block-size", "4"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(Path(sys.executable).parent / "hetero-infer"), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_flags_override_the_config_file(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"block_size": 32, "max_num_blocks": 100, "executor": {"name": "torch", "dtype": "float32"}}))
+    args = build_parser().parse_args(["--config", str(path), "--max-num-blocks", "7", "--dtype", "bfloat16"])
+    config = engine_config(args)
+    assert config.block_size == 32  # from the file
+    assert config.max_num_blocks == 7  # the flag wins
+    assert config.executor.name == "torch" and config.executor.options == {"dtype": "bfloat16"}
+
+
+def test_one_shot_streams_and_summarises(capsys) -> None:
+    assert main(["--input", "hello", "--max-tokens", "5", "--temperature", "0", *MOCK]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.endswith("\n") and len(captured.out) > 1
+    assert "[5 tokens in" in captured.err and "tokens/s]" in captured.err
+
+
+def test_batch_file_writes_jsonl_in_input_order(tmp_path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "first"}\n{"messages": [{"role": "user", "content": "second"}]}\nthird plain line\n')
+    out = tmp_path / "out.jsonl"
+    assert main(["--input-file", str(prompts), "--output-file", str(out), "--max-tokens", "3", *MOCK]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["input"] for r in rows] == ["first", [{"role": "user", "content": "second"}], "third plain line"]
+    assert all(r["completion_tokens"] == 3 and r["finish_reason"] == "length" for r in rows)
+
+
+def test_chat_keeps_the_history(monkeypatch, capsys) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hi\nagain\n"))
+    assert main(["--chat", "--max-tokens", "3", *MOCK]) == 0
+    assert capsys.readouterr().out.count("> ") == 3
+
+
+def test_errors_are_one_line_without_traceback() -> None:
+    result = run_cli("--input", "x", "--temperature", "9", *MOCK)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["hetero-infer: error: temperature must be a number in [0.0, 2.0], got 9.0"]
+    missing = run_cli("--config", "/nonexistent.json", "--input", "x")
+    assert missing.returncode == 2 and "cannot read config file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_plugins_lists_the_installed_components() -> None:
+    result = run_cli("plugins")
+    assert result.returncode == 0
+    listing = {p["name"]: p for p in json.loads(result.stdout)}
+    found = {(point, name) for p in listing.values() for point, names in p["components"].items() for name in names}
+    expected = {("tokenizer", "simple"), ("tokenizer", "huggingface"), ("executor", "mock"), ("executor", "torch")}
+    assert expected | {("scheduler", "fcfs"), ("scheduler", "priority"), ("cache_allocator", "paged")} <= found
+    assert listing["builtin"]["version"] and "register_executors" in listing["builtin"]["hooks"]
+
+
+def test_nothing_to_do_is_an_error(capsys) -> None:
+    assert main([*MOCK]) == 2
+    assert "nothing to do" in capsys.readouterr().err
