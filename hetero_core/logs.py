@@ -21,5 +21,4 @@ def configure_logging(*, debug: bool = False, quiet: bool = False) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
     )

@@ -84,7 +84,7 @@ def create_plugin_manager(
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise ConfigError(f"plugin {exc.plugin_name!r} implements an unknown hook: {exc}") from exc
+        raise ConfigError(f"plugin {pm.get_name(exc.plugin)!r} implements an unknown hook: {exc}") from exc
     return pm
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
 from hetero_core.errors import ExecutionError
@@ -24,6 +25,8 @@ SLOT_BYTES = 8
 class MockExecutor:
     """Next token = a hash of the cached tokens, in ``[0, vocab_size)``.
 
+    ``config`` (the engine's, when built as a component) is not needed.
+
     :param vocab_size: tokens it may produce (defaults to the simple tokenizer's).
     :param eos_token_id: the token it emits with probability ``eos_probability``.
     :param max_model_len: the context length it reports.
@@ -31,6 +34,8 @@ class MockExecutor:
 
     def __init__(
         self,
+        config: Any = None,
+        *,
         vocab_size: int = 259,
         eos_token_id: int = 257,
         eos_probability: float = 0.0,

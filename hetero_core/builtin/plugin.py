@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from hetero_core.builtin.mock_executor import MockExecutor
 from hetero_core.builtin.simple_tokenizer import SimpleTokenizer
 from hetero_core.hookspecs import Register, hookimpl
@@ -11,12 +9,9 @@ from hetero_core.hookspecs import Register, hookimpl
 
 @hookimpl
 def register_tokenizers(register: Register) -> None:
-    register("simple", lambda config, **options: SimpleTokenizer(**options))
+    register("simple", SimpleTokenizer)
 
 
 @hookimpl
 def register_executors(register: Register) -> None:
-    def mock(config: Any, **options: Any) -> MockExecutor:
-        return MockExecutor(**options)
-
-    register("mock", mock)
+    register("mock", MockExecutor)

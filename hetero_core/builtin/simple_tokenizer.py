@@ -37,12 +37,15 @@ class SimpleDetokenizer:
 
 
 class SimpleTokenizer:
-    """Token ``b`` is byte ``b`` for b < 256; then BOS, EOS and PAD."""
+    """Token ``b`` is byte ``b`` for b < 256; then BOS, EOS and PAD.
+
+    ``config`` (the engine's, when built as a component) is not needed.
+    """
 
     BOS, EOS, PAD = NUM_BYTES, NUM_BYTES + 1, NUM_BYTES + 2
     SPECIAL_TEXT = {BOS: "<s>", EOS: "</s>", PAD: "<pad>"}
 
-    def __init__(self, add_bos: bool = False) -> None:
+    def __init__(self, config: Any = None, *, add_bos: bool = False) -> None:
         self._add_bos = add_bos
 
     @property

@@ -1,0 +1,102 @@
+"""EngineConfig: accepted exactly when valid, loaded from the seed's JSON, strict about keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, strategies as st
+
+from hetero_core.config import ComponentSpec, EngineConfig
+from hetero_core.errors import ConfigError
+
+SIZES = ["block_size", "max_num_blocks", "max_batch_size", "max_num_seqs", "max_model_len", "max_total_tokens"]
+SEED_CONFIG = {
+    "block_size": 16,
+    "max_num_blocks": 1024,
+    "max_batch_size": 32,
+    "max_num_seqs": 256,
+    "max_model_len": 2048,
+    "max_total_tokens": 4096,
+    "memory_threshold": 0.9,
+    "max_retry_attempts": 2,
+}
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "config.example.json"
+
+size_values = st.one_of(st.integers(-3, 3), st.integers(-(2**40), 2**40), st.booleans(), st.floats(-2, 2), st.none())
+threshold_values = st.one_of(st.floats(-1, 2), st.just(float("nan")), st.sampled_from([0, 0.0, 1, 1.0, 1e-12, 1.0000001]), st.booleans())
+
+
+@given(sizes=st.fixed_dictionaries({name: size_values for name in SIZES}), threshold=threshold_values)
+def test_accepted_exactly_when_sizes_positive_and_threshold_in_range(sizes, threshold) -> None:
+    valid_sizes = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes.values())
+    valid_threshold = isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 < threshold <= 1
+    try:
+        config = EngineConfig(**sizes, memory_threshold=threshold)
+    except ConfigError as exc:
+        assert not (valid_sizes and valid_threshold)
+        assert exc.param in [*SIZES, "memory_threshold"] and repr(offending_value(sizes, threshold, exc.param)) in exc.message
+    else:
+        assert valid_sizes and valid_threshold
+        config.validate()
+
+
+def offending_value(sizes: dict, threshold: object, param: str) -> object:
+    return threshold if param == "memory_threshold" else sizes[param]
+
+
+def test_the_seed_config_file_loads(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SEED_CONFIG))
+    config = EngineConfig.from_file(path)
+    assert {k: getattr(config, k) for k in SEED_CONFIG} == SEED_CONFIG
+
+
+def test_the_complete_example_loads_and_round_trips() -> None:
+    config = EngineConfig.from_file(EXAMPLE)
+    assert config.cache_allocator == ComponentSpec("paged", {"enable_prefix_caching": True})
+    assert config.executor.options["dtype"] == "auto"
+    assert EngineConfig.from_mapping(config.to_json()) == config
+    assert set(json.loads(EXAMPLE.read_text())) == set(config.to_json())  # the example shows every key
+
+
+@pytest.mark.parametrize(
+    ("values", "match"),
+    [
+        ({"blocksize": 16}, "unknown config key.*blocksize.*allowed: block_size"),
+        ({"server": {"prot": 1}}, r"server\.prot"),
+        ({"plugins": {"disabled": ["x"]}}, r"plugins\.disabled"),
+        ({"server": 3}, "server must be an object"),
+        ({"executor": 5}, "executor must be a component name"),
+        ({"executor": {"dtype": "float32"}}, "executor must be a component name"),
+        ({"server": {"backend": "ssh"}}, "backend must be one of"),
+        ({"server": {"backend": "command_bridge"}}, "server.command must name the program"),
+        ({"memory_threshold": 1.5}, r"memory_threshold must be a number in \(0.0, 1.0\], got 1.5"),
+        ({"max_retry_attempts": -1}, "max_retry_attempts"),
+    ],
+)
+def test_bad_values_are_named(values, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        EngineConfig.from_mapping(values)
+
+
+def test_unreadable_and_malformed_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        EngineConfig.from_file(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{block_size: 16}")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        EngineConfig.from_file(bad)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="must hold a JSON object"):
+        EngineConfig.from_file(bad)
+
+
+def test_components_by_name_or_object_and_evolve() -> None:
+    config = EngineConfig(executor="mock", tokenizer={"name": "simple", "add_bos": True})
+    assert config.executor == ComponentSpec("mock") and config.tokenizer.options == {"add_bos": True}
+    changed = config.evolve(block_size=8, server={"port": 9})
+    assert (changed.block_size, changed.server.port, changed.server.host) == (8, 9, "127.0.0.1")
+    with pytest.raises(ConfigError):
+        config.evolve(block_size=0)

@@ -1,0 +1,71 @@
+"""GenerationParams: every bound accepted at its edge and rejected just past it, with a named error."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from hetero_core.errors import ValidationError
+from hetero_core.params import GenerationParams
+
+# field -> (values accepted, values rejected, text of the allowed range)
+BOUNDS = {
+    "max_tokens": ([1, 10**6], [0, -1, 1.5, True], "[1, inf]"),
+    "temperature": ([0.0, 2.0, 0, 1], [-1e-9, 2.000001, float("nan"), "1"], "[0.0, 2.0]"),
+    "top_p": ([1e-9, 1.0], [0.0, 1.000001, -0.5], "(0.0, 1.0]"),
+    "top_k": ([None, 1, 50], [0, -1, 2.0], "[1, inf]"),
+    "min_p": ([0.0, 1.0], [-1e-9, 1.01], "[0.0, 1.0]"),
+    "repetition_penalty": ([1e-6, 2.0], [0.0, 2.01], "(0.0, 2.0]"),
+    "presence_penalty": ([-2.0, 2.0], [-2.01, 2.01], "[-2.0, 2.0]"),
+    "frequency_penalty": ([-2.0, 2.0], [-2.01, 2.01], "[-2.0, 2.0]"),
+    "seed": ([None, 0, 2**63 - 1], [-1, 2**63, 1.0], "[0, 9223372036854775807]"),
+    "n": ([1, 64], [0, 65], "[1, 64]"),
+    "logprobs": ([None, 0, 20], [-1, 21], "[0, 20]"),
+    "min_tokens": ([0, 100], [-1, 101], "[0"),
+    "priority": ([-(10**9), 0, 10**9], [0.5, None], "integer"),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BOUNDS))
+def test_bounds(field: str) -> None:
+    accepted, rejected, allowed = BOUNDS[field]
+    for value in accepted:
+        assert getattr(GenerationParams(**{field: value}), field) == value
+    for value in rejected:
+        with pytest.raises(ValidationError) as raised:
+            GenerationParams(**{field: value})
+        assert raised.value.param == field
+        assert field in raised.value.message and allowed in raised.value.message and repr(value) in raised.value.message
+
+
+def test_defaults_are_the_seed_ones() -> None:
+    params = GenerationParams()
+    assert (params.max_tokens, params.temperature, params.top_p) == (100, 1.0, 0.9)
+
+
+def test_stop_strings() -> None:
+    assert GenerationParams(stop="END").stop == ("END",)
+    assert GenerationParams(stop=["a", "b"]).stop == ("a", "b")
+    for bad in ([""], [3], ["x"] * 17):
+        with pytest.raises(ValidationError, match="stop"):
+            GenerationParams(stop=bad)
+    with pytest.raises(ValidationError, match="stop_token_ids"):
+        GenerationParams(stop_token_ids=[-1])
+
+
+def test_from_mapping_names_unknown_keys() -> None:
+    with pytest.raises(ValidationError, match="unknown generation parameter.*temprature") as raised:
+        GenerationParams.from_mapping({"temprature": 0.5})
+    assert raised.value.param == "temprature"
+
+
+@given(
+    max_tokens=st.integers(1, 4096),
+    temperature=st.floats(0, 2),
+    top_p=st.floats(0, 1, exclude_min=True),
+    top_k=st.one_of(st.none(), st.integers(1, 1000)),
+    n=st.integers(1, 64),
+)
+def test_every_value_in_range_is_accepted(max_tokens, temperature, top_p, top_k, n) -> None:
+    params = GenerationParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, n=n)
+    assert params.is_greedy == (temperature == 0)

@@ -1,0 +1,128 @@
+"""The plugin manager: discovery, blocking, allow-lists, duplicates, unknown names, listing."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+
+import pytest
+
+from hetero_core.errors import ConfigError
+from hetero_core.hookspecs import hookimpl
+from hetero_core.plugins import ComponentRegistry, create_plugin_manager, describe_plugins
+
+
+class PolicyPlugin:
+    """An inline plugin that registers one scheduler policy."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookimpl
+    def register_scheduler_policies(self, register) -> None:
+        register(self.name, lambda **options: ("policy", self.name, options))
+
+
+def fresh(*plugins: tuple[object, str], **kwargs) -> ComponentRegistry:
+    pm = create_plugin_manager(entry_points=False, **kwargs)
+    for plugin, name in plugins:
+        pm.register(plugin, name=name)
+    return ComponentRegistry(pm)
+
+
+def test_components_are_discovered_through_the_hooks() -> None:
+    registry = fresh((PolicyPlugin("mine"), "my-plugin"))
+    assert registry.names("scheduler") == ["mine"]
+    assert registry.names("tokenizer") == ["simple"] and registry.names("executor") == ["mock"]
+    assert registry.get("scheduler", "mine").plugin == "my-plugin"
+    assert registry.create("scheduler", "mine", {"x": 1}) == ("policy", "mine", {"x": 1})
+
+
+def test_duplicate_names_fail_naming_both_plugins() -> None:
+    with pytest.raises(ConfigError, match="'twin' is registered twice: by plugin '(one|two)' and by plugin '(one|two)'"):
+        fresh((PolicyPlugin("twin"), "one"), (PolicyPlugin("twin"), "two"))
+
+
+def test_unknown_names_list_what_is_installed() -> None:
+    registry = fresh((PolicyPlugin("alpha"), "a"), (PolicyPlugin("beta"), "b"))
+    with pytest.raises(ConfigError, match="unknown scheduler 'gamma'; installed: 'alpha', 'beta'"):
+        registry.get("scheduler", "gamma")
+
+
+def test_unknown_options_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="executor 'mock' does not accept options"):
+        fresh().create("executor", "mock", {"bogus": 1}, None)
+
+
+def test_blocking_by_name_and_by_environment(monkeypatch) -> None:
+    registry = fresh(disable=["builtin"])
+    assert registry.names("executor") == []
+    monkeypatch.setenv("HETERO_DISABLE_PLUGINS", "blocked, builtin")
+    pm = create_plugin_manager(entry_points=False)
+    assert pm.register(PolicyPlugin("x"), name="blocked") is None  # blocked before it loads
+    assert ComponentRegistry(pm).names("scheduler") == [] and ComponentRegistry(pm).names("tokenizer") == []
+
+
+def test_an_unknown_hook_fails_loudly() -> None:
+    class Typo:
+        @hookimpl
+        def register_executor(self, register) -> None:  # missing the s
+            pass
+
+    module = types.ModuleType("typo_plugin")
+    module.register_executor = Typo.register_executor.__get__(Typo())
+    sys.modules["typo_plugin"] = module
+    try:
+        with pytest.raises(ConfigError, match="typo_plugin.*unknown hook"):
+            create_plugin_manager(entry_points=False, load=["typo_plugin"])
+    finally:
+        del sys.modules["typo_plugin"]
+
+
+def test_modules_named_in_config_load(tmp_path, monkeypatch) -> None:
+    (tmp_path / "extra_policy.py").write_text(
+        textwrap.dedent(
+            """
+            from hetero_core.hookspecs import hookimpl
+
+            @hookimpl
+            def register_scheduler_policies(register):
+                register("extra", lambda: "extra policy")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = ComponentRegistry(create_plugin_manager(entry_points=False, load=["extra_policy"]))
+    assert registry.create("scheduler", "extra", {}) == "extra policy"
+    with pytest.raises(ConfigError, match="cannot import plugin module 'nowhere'"):
+        create_plugin_manager(entry_points=False, load=["nowhere"])
+
+
+@pytest.fixture
+def installed_distribution(tmp_path, monkeypatch):
+    """A real (if tiny) installed distribution with a hetero_infer entry point, on sys.path."""
+    (tmp_path / "fake_policy_plugin.py").write_text(
+        "from hetero_core.hookspecs import hookimpl\n\n@hookimpl\ndef register_scheduler_policies(register):\n    register('fake', lambda: 'fake')\n"
+    )
+    info = tmp_path / "fake_policy-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-policy\nVersion: 1.2.3\n")
+    (info / "entry_points.txt").write_text("[hetero_infer]\nfake = fake_policy_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "fake"
+
+
+def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) -> None:
+    pm = create_plugin_manager()
+    assert "fake" in ComponentRegistry(pm).names("scheduler")
+    assert {"fcfs", "priority"} <= set(ComponentRegistry(pm).names("scheduler"))  # the project's own plugins
+    listing = {p["name"]: p for p in describe_plugins(pm)}
+    assert listing["fake"] == {"name": "fake", "version": "1.2.3", "hooks": ["register_scheduler_policies"], "components": {"scheduler": ["fake"]}}
+    monkeypatch.setenv("HETERO_PLUGINS", "fake")
+    allowed = ComponentRegistry(create_plugin_manager())
+    assert allowed.names("scheduler") == ["fake"]
+    assert allowed.names("executor") == ["mock"]  # built-ins still load
+    monkeypatch.setenv("HETERO_PLUGINS", "")
+    monkeypatch.setenv("HETERO_DISABLE_PLUGINS", "fake")
+    assert "fake" not in ComponentRegistry(create_plugin_manager()).names("scheduler")
