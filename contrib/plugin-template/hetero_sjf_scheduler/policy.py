@@ -1,0 +1,36 @@
+"""Shortest prompt first, aged by arrival order.
+
+A sequence's score is its remaining prompt length minus ``aging`` tokens for
+every request that arrived after it; the smallest score goes first. Short
+prompts jump the queue (lower time to first token on mixed loads), and every
+later arrival moves a waiting prompt ``aging`` tokens closer to the front,
+so none waits forever.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence as SequenceOf
+
+from hetero_core.sequence import Sequence
+
+
+class ShortestPromptFirst:
+    def __init__(self, aging: int = 8) -> None:
+        if aging <= 0:
+            raise ValueError(f"aging must be positive, got {aging}")
+        self.aging = aging
+
+    def _score(self, seq: Sequence, newest: int) -> tuple[int, int, int]:
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        waited = newest - seq.request.arrival_index
+        return (remaining - self.aging * waited, seq.request.arrival_index, seq.index)
+
+    def order_waiting(self, waiting: SequenceOf[Sequence]) -> list[Sequence]:
+        if not waiting:
+            return []
+        newest = max(s.request.arrival_index for s in waiting)
+        return sorted(waiting, key=lambda s: self._score(s, newest))
+
+    def choose_victim(self, running: SequenceOf[Sequence]) -> Sequence:
+        """The most recent arrival: it has the least invested work."""
+        return max(running, key=lambda s: (s.request.arrival_index, s.index))
