@@ -48,7 +48,7 @@ def build_engine(args: argparse.Namespace, recorder: StepRecorder) -> InferenceE
     pm.register(recorder, name="step-recorder")
     config = EngineConfig(
         model=args.model,
-        executor={"name": args.executor, "dtype": args.dtype, "num_threads": args.threads},
+        executor={"name": args.executor, "dtype": args.dtype, "num_threads": args.threads, **({"attention": args.attention} if args.attention else {})},
         max_num_seqs=args.num_requests,
         max_batch_size=args.num_requests,
         max_total_tokens=args.max_total_tokens,
@@ -143,6 +143,7 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--executor", default="torch")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attention", choices=["torch", "numba"], help="the torch executor's attention backend")
     parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -155,7 +156,8 @@ def main() -> None:
     prompts = standard_prompts(args.num_requests)
     recorder = StepRecorder()
     engine = build_engine(args, recorder)
-    print(f"model {engine.model_info.name}, executor {args.executor}, dtype {engine.executor.dtype}, {args.threads} threads")
+    attention = getattr(engine.executor, "attention_backend", "-")
+    print(f"model {engine.model_info.name}, executor {args.executor} (attention {attention}), dtype {engine.executor.dtype}, {args.threads} threads")
     run_engine(engine, prompts[:2], 4)  # warm the allocator and kernels
     recorder.steps.clear()
     ours = run_engine(engine, prompts, args.new_tokens)

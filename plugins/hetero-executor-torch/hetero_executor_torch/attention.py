@@ -9,6 +9,8 @@ attends to its own fresh keys and values directly, without a gather.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import torch
 import torch.nn.functional as F
@@ -24,6 +26,17 @@ class PrefillSpan:
 
 
 @attrs.define
+class KernelInputs:
+    """Step metadata for kernels that read the paged cache in place (int32, on the kernels' device)."""
+
+    decode_tables: Any  # [num_decodes, max_blocks]
+    decode_lens: Any  # [num_decodes] cached tokens each decode attends to (its own included)
+    prefill_tables: Any  # [num_prefills, max_blocks]
+    prefill_query_start: Any  # [num_prefills + 1] offsets of each chunk among the prefill tokens
+    prefill_context_lens: Any  # [num_prefills] cached + new tokens of each chunk
+
+
+@attrs.define
 class AttentionInputs:
     """Everything attention needs for one step, built once and shared by every layer."""
 
@@ -32,6 +45,7 @@ class AttentionInputs:
     decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks] block tables (padding -> block 0)
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
     prefills: list[PrefillSpan]
+    kernel: KernelInputs | None = None  # set when a kernel backend serves attention
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:

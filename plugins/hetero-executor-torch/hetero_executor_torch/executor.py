@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 import torch
 
-from hetero_core.batch import ExecutionBatch, ExecutionOutput
+from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
 from hetero_core.errors import ConfigError
 from hetero_core.model_source import resolve_model_path
+from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
-from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
+from hetero_executor_torch.attention import AttentionInputs, PrefillSpan, paged_attention
+from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.sampling import Sampler
@@ -62,24 +64,53 @@ class TorchExecutor:
     :param kv_cache_dtype: ``auto`` (the model's dtype) or one of the dtypes.
     :param device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     :param num_threads: torch CPU threads (default: torch's choice).
+    :param attention: ``torch`` (gather blocks, then scaled-dot-product
+        attention) or ``numba`` (the Numba CPU kernels read the paged cache in
+        place; the KV cache is then float32).
     """
 
-    def __init__(self, config: Any, dtype: str = "auto", kv_cache_dtype: str = "auto", device: str = "auto", num_threads: int | None = None) -> None:
+    ATTENTION_BACKENDS = ("torch", "numba")
+
+    def __init__(
+        self,
+        config: Any,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        device: str = "auto",
+        num_threads: int | None = None,
+        attention: str = "torch",
+    ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self.device = resolve_device(device)
+        if attention not in self.ATTENTION_BACKENDS:
+            raise ConfigError(f"executor option attention must be one of {', '.join(self.ATTENTION_BACKENDS)}; got {attention!r}", param="attention")
+        self.device = self._device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
+        self.attention_backend = attention
+        attend = self._attention_function()
+        if attend is not paged_attention and self.device.type == "cpu":
+            self.kv_cache_dtype = torch.float32  # the Numba CPU kernels compute in float32/float64
         path = resolve_model_path(config.model)
         model_config, tensors = load_weights(path)
         with torch.inference_mode():
-            self.model = LlamaModel(model_config, tensors, self.dtype, self.device)
+            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, attend)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_id=model_config.eos_token_id)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device))
+
+    def _device(self, device: str) -> torch.device:
+        return resolve_device(device)
+
+    def _attention_function(self) -> Callable[..., torch.Tensor]:
+        if self.attention_backend == "numba":
+            from hetero_kernels import cpu
+
+            return kernel_attention(cpu)
+        return paged_attention
 
     @property
     def model_info(self) -> ModelInfo:
@@ -100,14 +131,14 @@ class TorchExecutor:
         self.block_size = block_size
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
-        """One throwaway prefill and decode through slot 0's block, so first-call costs are paid now."""
-        with torch.inference_mode():
-            for length in (min(max_num_tokens, 8), 1):
-                ids = torch.zeros(length, dtype=torch.long, device=self.device)
-                positions = torch.arange(length, device=self.device)
-                slots = torch.zeros(length, dtype=torch.long, device=self.device)
-                attention = AttentionInputs(slots, 0, None, None, [PrefillSpan(0, length, length, None, None)])
-                self.model.forward(ids, positions, attention, self.kv_caches, torch.tensor([length - 1], device=self.device))
+        """A throwaway prefill and decode through block 0 (still unused), so first-call costs are paid now."""
+        length = max(2, min(max_num_tokens, 8))
+        tokens = [0] * length
+        table = [0] * -(-length // self.block_size)
+        params = GenerationParams(temperature=0.0, max_tokens=1)
+        for start, count in ((0, length - 1), (length - 1, 1)):
+            step = ScheduledSequence(0, tokens[start : start + count], start, table, True, params, tokens, length, None)
+            self.execute(ExecutionBatch([step], self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         with torch.inference_mode():
@@ -181,6 +212,8 @@ class TorchExecutor:
                 prefills.append(PrefillSpan(start, length, context, table, causal.to(device)))
             start += length
         attention = AttentionInputs(torch.tensor(slots, dtype=torch.long, device=device), num_decodes, decode_blocks, decode_mask, prefills)
+        if self.model.attention is not paged_attention:
+            attention.kernel = kernel_inputs(ordered[:num_decodes], ordered[num_decodes:], size, device)
         return (
             torch.tensor(ids, device=device),
             torch.tensor(positions, device=device),

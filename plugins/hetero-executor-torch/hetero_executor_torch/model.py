@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -52,8 +52,16 @@ class Layer:
 class LlamaModel:
     """Weights plus a forward pass over a flattened batch of prefill chunks and decodes."""
 
-    def __init__(self, config: ModelConfig, tensors: Iterator[tuple[str, torch.Tensor]], dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        tensors: Iterator[tuple[str, torch.Tensor]],
+        dtype: torch.dtype,
+        device: torch.device,
+        attention: Callable[..., torch.Tensor] = paged_attention,
+    ) -> None:
         self.config = config
+        self.attention = attention
         self.dtype = dtype
         self.device = device
         weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in tensors}
@@ -106,7 +114,7 @@ class LlamaModel:
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, config.num_kv_heads, config.head_size)
             q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, attention.slot_mapping)
-            attended = paged_attention(q, k, v, k_cache, v_cache, attention, self.scale)
+            attended = self.attention(q, k, v, k_cache, v_cache, attention, self.scale)
             hidden = hidden + F.linear(attended.reshape(num_tokens, self.q_size), layer.o_proj)
             x = self.rms_norm(hidden, layer.post_norm)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)

@@ -101,3 +101,15 @@ def test_pool_sized_from_memory(tiny_model) -> None:
     block_bytes = engine.executor.kv_cache_block_bytes(4)
     assert block_bytes == 2 * 2 * 4 * 2 * 16 * 4  # k+v, layers, slots, kv heads, head size, fp32
     assert engine.num_blocks == 2**20 // block_bytes
+
+
+class TestNumbaAttentionExecutorContract(ExecutorContract):
+    @pytest.fixture
+    def executor(self, tiny_model):
+        return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", attention="numba")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"max_total_tokens": 7}, {"max_num_blocks": 20, "max_model_len": 80}], ids=["batched", "chunked", "preempting"])
+def test_numba_attention_gives_the_same_tokens(tiny_model, one_at_a_time, overrides) -> None:
+    engine = tiny_engine(tiny_model, executor={"name": "torch", "dtype": "float32", "attention": "numba"}, **overrides)
+    assert outputs(engine, PROMPTS, GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)) == one_at_a_time
