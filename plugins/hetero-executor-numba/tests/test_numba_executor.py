@@ -1,0 +1,56 @@
+"""The numba-cuda executor gives the torch executor's greedy tokens (on the CUDA simulator when no GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetero_core import EngineConfig, GenerationParams
+from hetero_core.engine import InferenceEngine
+from hetero_core.errors import ConfigError
+
+PROMPTS = ["hi there", "a longer prompt"]
+SCRIPT = Path(__file__).with_name("simulated_generation.py")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=259, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=128, tie_word_embeddings=True,
+    )
+    folder = tmp_path_factory.mktemp("tiny")
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def torch_tokens(model: Path) -> list[list[int]]:
+    engine = InferenceEngine(
+        EngineConfig(model=str(model), tokenizer="simple", executor={"name": "torch", "dtype": "float32"}, block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6)
+    )
+    return [r.generated_tokens for r in engine.generate(PROMPTS, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True))]
+
+
+def test_same_greedy_tokens_as_the_torch_executor(tiny_model) -> None:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"} if not torch.cuda.is_available() else dict(os.environ)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tiny_model), json.dumps(PROMPTS)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == torch_tokens(tiny_model)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown when there is no GPU")
+def test_without_a_gpu_the_error_says_what_to_do(tiny_model) -> None:
+    from hetero_executor_numba import NumbaCudaExecutor
+
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        NumbaCudaExecutor(EngineConfig(model=str(tiny_model)))
