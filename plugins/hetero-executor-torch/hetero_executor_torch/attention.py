@@ -76,17 +76,26 @@ def paged_attention(
     scale: float,
 ) -> torch.Tensor:
     """Attention output [T, heads, head_size] for query [T, heads, head_size]; the cache already holds this step's keys."""
-    kv_heads, head_size = k_cache.shape[-2:]
     out = torch.empty_like(query)
-    gqa = query.shape[1] != kv_heads
     if inputs.num_decodes:
-        n = inputs.num_decodes
-        keys = gather_blocks(k_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)  # [n, kv_heads, L, head_size]
-        values = gather_blocks(v_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)
-        q = query[:n].unsqueeze(2)  # [n, heads, 1, head_size]
-        out[:n] = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=inputs.decode_mask, scale=scale, enable_gqa=gqa
-        ).squeeze(2)
+        out[: inputs.num_decodes] = decode_attention(query, k_cache, v_cache, inputs, scale)
+    prefill_attention(out, query, key, value, k_cache, v_cache, inputs, scale)
+    return out
+
+
+def decode_attention(query, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
+    """The decodes' outputs [num_decodes, heads, head_size]: one masked call over their gathered blocks."""
+    n = inputs.num_decodes
+    keys = gather_blocks(k_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)  # [n, kv_heads, L, head_size]
+    values = gather_blocks(v_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)
+    q = query[:n].unsqueeze(2)  # [n, heads, 1, head_size]
+    gqa = query.shape[1] != k_cache.shape[2]
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=inputs.decode_mask, scale=scale, enable_gqa=gqa).squeeze(2)
+
+
+def prefill_attention(out, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> None:
+    """Fill ``out``'s prefill rows: each chunk causal over its cached and new tokens."""
+    gqa = query.shape[1] != k_cache.shape[2]
     for span in inputs.prefills:
         rows = slice(span.start, span.start + span.length)
         q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, length, head_size]
@@ -99,4 +108,3 @@ def paged_attention(
             values = gather_blocks(v_cache, span.blocks[None], query.dtype)[:, : span.context_len].transpose(1, 2)
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=span.mask, scale=scale, enable_gqa=gqa)
         out[rows] = attended.squeeze(0).transpose(0, 1)
-    return out

@@ -65,8 +65,9 @@ class TorchExecutor:
     :param device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     :param num_threads: torch CPU threads (default: torch's choice).
     :param attention: ``torch`` (gather blocks, then scaled-dot-product
-        attention) or ``numba`` (the Numba CPU kernels read the paged cache in
-        place; the KV cache is then float32).
+        attention) or ``numba`` (decodes run the Numba CPU kernel, which reads
+        the paged cache in place; prefill chunks take the torch path; the KV
+        cache is then float32).
     """
 
     ATTENTION_BACKENDS = ("torch", "numba")
@@ -109,7 +110,7 @@ class TorchExecutor:
         if self.attention_backend == "numba":
             from hetero_kernels import cpu
 
-            return kernel_attention(cpu)
+            return kernel_attention(cpu, torch_prefill=True)
         return paged_attention
 
     @property

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hetero_executor_torch.attention import AttentionInputs, KernelInputs
+from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefill_attention
 
 AttentionFunction = Callable[..., torch.Tensor]
 
@@ -22,8 +22,13 @@ def _view(tensor: torch.Tensor) -> Any:
     return tensor.numpy() if tensor.device.type == "cpu" else tensor
 
 
-def kernel_attention(kernels: Any) -> AttentionFunction:
-    """An attention function with :func:`paged_attention`'s signature, running ``kernels``."""
+def kernel_attention(kernels: Any, *, torch_prefill: bool = False) -> AttentionFunction:
+    """An attention function with :func:`paged_attention`'s signature, running ``kernels``.
+
+    With ``torch_prefill``, prefill chunks take the torch path and only decodes
+    run the kernel (the CPU kernel is a scalar loop: fast for one query token,
+    slow for a long chunk).
+    """
 
     def attend(query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
         meta = inputs.kernel
@@ -33,7 +38,9 @@ def kernel_attention(kernels: Any) -> AttentionFunction:
         caches = (_view(k_cache), _view(v_cache))
         if n:
             kernels.paged_decode_attention(_view(out[:n]), _view(q[:n]), *caches, meta.decode_tables, meta.decode_lens, scale)
-        if q.shape[0] > n:
+        if q.shape[0] > n and torch_prefill:
+            prefill_attention(out, q, key.float(), value.float(), k_cache, v_cache, inputs, scale)
+        elif q.shape[0] > n:
             kernels.paged_prefill_attention(
                 _view(out[n:]), _view(q[n:]), *caches, meta.prefill_tables, meta.prefill_query_start, meta.prefill_context_lens, scale
             )
