@@ -124,6 +124,7 @@ def run_transformers(args: argparse.Namespace, prompts: list[list[int]], new_tok
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=pad)  # warm-up
         started = time.monotonic()
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
@@ -158,7 +159,8 @@ def main() -> None:
     engine = build_engine(args, recorder)
     attention = getattr(engine.executor, "attention_backend", "-")
     print(f"model {engine.model_info.name}, executor {args.executor} (attention {attention}), dtype {engine.executor.dtype}, {args.threads} threads")
-    run_engine(engine, prompts[:2], 4)  # warm the allocator and kernels
+    run_engine(engine, prompts, 2)  # a first pass at full size, as the transformers run gets below
+    engine.allocator.reset_prefix_cache()
     recorder.steps.clear()
     ours = run_engine(engine, prompts, args.new_tokens)
     prefill_rate, decode_rate = phase_rates(recorder.steps)

@@ -132,14 +132,19 @@ class TorchExecutor:
         self.block_size = block_size
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
-        """A throwaway prefill and decode through block 0 (still unused), so first-call costs are paid now."""
-        length = max(2, min(max_num_tokens, 8))
+        """Run the largest prefill and decode steps once, through block 0 (still unused).
+
+        The first pass at a given size is slow (memory first touched, kernels
+        picked); paying it here keeps it off the first requests.
+        """
+        params = GenerationParams(temperature=0.0, max_tokens=1)
+        length = max(2, max_num_tokens)
         tokens = [0] * length
         table = [0] * -(-length // self.block_size)
-        params = GenerationParams(temperature=0.0, max_tokens=1)
-        for start, count in ((0, length - 1), (length - 1, 1)):
-            step = ScheduledSequence(0, tokens[start : start + count], start, table, True, params, tokens, length, None)
-            self.execute(ExecutionBatch([step], self.block_size))
+        prefill = ScheduledSequence(0, tokens, 0, table, True, params, tokens, length, None)
+        self.execute(ExecutionBatch([prefill], self.block_size))
+        decodes = [ScheduledSequence(i, [0], 1, [0], True, params, [0, 0], 1, None) for i in range(max_num_seqs)]
+        self.execute(ExecutionBatch(decodes, self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         with torch.inference_mode():

@@ -56,7 +56,7 @@ def test_truncation_never_emits_a_token_outside_the_allowed_set(logits, temperat
     row = np.array(logits, dtype=np.float32)
     if len(set(np.round(row / temperature, 3))) < VOCAB:  # ties make "the top k" ambiguous
         return
-    tokens, _ = Sampler(VOCAB)(torch.tensor([row]), [seq(params)])
+    tokens, _ = Sampler(VOCAB)(torch.from_numpy(row[None]), [seq(params)])
     assert tokens[0] in allowed_tokens(row, params)
 
 

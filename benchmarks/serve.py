@@ -1,0 +1,151 @@
+"""Serving benchmark in the style of vLLM's ``bench serve``: streamed requests against a live server.
+
+    python benchmarks/serve.py                       # starts `hetero-infer serve` itself, all requests at once
+    python benchmarks/serve.py --rate 4              # Poisson arrivals, 4 requests/s
+    python benchmarks/serve.py --url http://127.0.0.1:8000 --model NAME
+    python benchmarks/serve.py --compare-offline     # also the offline engine on the same workload
+
+The workload is the standard one (seeded random token-id prompts of 16..256
+tokens, 64 new tokens each, EOS ignored). Reports request throughput, output
+tokens/s, and mean / median / p99 of time to first token (TTFT), time per
+output token (TPOT) and inter-token latency (ITL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from workload import percentile, standard_prompts  # noqa: E402
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], new_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    started = time.perf_counter()
+    token_times: list[float] = []
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    token_times.append(time.perf_counter())
+    finished = time.perf_counter()
+    ttft = token_times[0] - started
+    return {
+        "ttft": ttft,
+        "tpot": (finished - token_times[0]) / max(1, new_tokens - 1),
+        "itl": [b - a for a, b in zip(token_times, token_times[1:])],
+        "latency": finished - started,
+    }
+
+
+async def run_load(url: str, model: str, prompts: list[list[int]], new_tokens: int, rate: float | None, seed: int) -> tuple[list[dict], float]:
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as client:
+        started = time.perf_counter()
+        tasks = []
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(one_request(client, url, model, prompt, new_tokens)))
+            if rate:
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+    return results, time.perf_counter() - started
+
+
+def report(results: list[dict], elapsed: float, new_tokens: int) -> float:
+    output_tokens = new_tokens * len(results)
+    throughput = output_tokens / elapsed
+    print(f"requests        {len(results)} in {elapsed:.2f} s: {len(results) / elapsed:.2f} requests/s, {throughput:.1f} output tokens/s")
+    for name, values in (
+        ("TTFT", [r["ttft"] for r in results]),
+        ("TPOT", [r["tpot"] for r in results]),
+        ("ITL", [x for r in results for x in r["itl"]]),
+    ):
+        print(f"{name:15s} mean {statistics.mean(values) * 1e3:8.1f} ms   median {percentile(values, 50) * 1e3:8.1f} ms   p99 {percentile(values, 99) * 1e3:8.1f} ms")
+    return throughput
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--port", str(port), "--dtype", args.dtype]
+    command += ["--max-num-seqs", str(args.num_requests), "--max-batch-size", str(args.num_requests), "--max-model-len", "1024"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz").status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.kill()
+    raise SystemExit("the server did not become ready")
+
+
+def offline_throughput(args: argparse.Namespace, prompts: list[list[int]]) -> float:
+    import torch
+
+    from hetero_core import EngineConfig, GenerationParams
+    from hetero_core.engine import InferenceEngine
+
+    torch.set_num_threads(args.threads)
+    config = EngineConfig(
+        executor={"name": "torch", "dtype": args.dtype}, max_num_seqs=args.num_requests, max_batch_size=args.num_requests, max_model_len=1024
+    )
+    engine = InferenceEngine(config)
+    engine.generate(prompts[:2], GenerationParams(temperature=0.0, max_tokens=4))
+    started = time.perf_counter()
+    engine.generate(prompts, GenerationParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True))
+    return args.new_tokens * len(prompts) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", help="a running server (default: start one)")
+    parser.add_argument("--model", help="the model name the server serves (default: asked from /v1/models)")
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rate", type=float, help="Poisson arrival rate in requests/s (default: all at once)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compare-offline", action="store_true")
+    args = parser.parse_args()
+
+    prompts = standard_prompts(args.num_requests, seed=args.seed)
+    server = None
+    url = args.url
+    if url is None:
+        server, url = start_server(args)
+    try:
+        model = args.model or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        asyncio.run(run_load(url, model, prompts[:2], 4, None, args.seed))  # warm-up
+        results, elapsed = asyncio.run(run_load(url, model, prompts, args.new_tokens, args.rate, args.seed))
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=60)
+    served = report(results, elapsed, args.new_tokens)
+    if args.compare_offline:
+        offline = offline_throughput(args, prompts)
+        print(f"offline engine  {offline:.1f} output tokens/s; through the server: {served / offline:.0%} of it")
+
+
+if __name__ == "__main__":
+    main()
