@@ -109,10 +109,10 @@ class LlamaModel:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = self.rms_norm(hidden, layer.input_norm)
             qkv = F.linear(x, layer.qkv, layer.qkv_bias)
-            q = qkv[:, : self.q_size].view(num_tokens, config.num_heads, config.head_size)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(num_tokens, config.num_kv_heads, config.head_size)
+            # q and k heads side by side, rotated in one go
+            qk = self.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, config.head_size), cos, sin)
+            q, k = qk[:, : config.num_heads], qk[:, config.num_heads :]
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, config.num_kv_heads, config.head_size)
-            q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
             write_kv(k_cache, v_cache, k, v, attention.slot_mapping)
             attended = self.attention(q, k, v, k_cache, v_cache, attention, self.scale)
             hidden = hidden + F.linear(attended.reshape(num_tokens, self.q_size), layer.o_proj)
