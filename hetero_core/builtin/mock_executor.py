@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from typing import Any
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
@@ -30,6 +31,7 @@ class MockExecutor:
     :param vocab_size: tokens it may produce (defaults to the simple tokenizer's).
     :param eos_token_id: the token it emits with probability ``eos_probability``.
     :param max_model_len: the context length it reports.
+    :param step_latency: seconds each ``execute`` takes, to stand in for compute time.
     """
 
     def __init__(
@@ -40,10 +42,12 @@ class MockExecutor:
         eos_token_id: int = 257,
         eos_probability: float = 0.0,
         max_model_len: int = 1 << 20,
+        step_latency: float = 0.0,
     ) -> None:
         self._info = ModelInfo(name="mock", vocab_size=vocab_size, max_model_len=max_model_len)
         self._eos_token_id = eos_token_id
         self._eos_threshold = int(eos_probability * 2**32)
+        self._step_latency = step_latency
         self._slots: list[int] = []
         self._block_size = 0
         self.num_executed_batches = 0
@@ -83,6 +87,8 @@ class MockExecutor:
             if seq.params.logprobs is not None:
                 logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs)
         self.num_executed_batches += 1
+        if self._step_latency:
+            time.sleep(self._step_latency)
         return ExecutionOutput(sampled, logprobs)
 
     def close(self) -> None:

@@ -1,6 +1,10 @@
-"""``hetero-infer serve``: uvicorn in front of the app; SIGTERM drains in-flight requests, then exits."""
+"""``hetero-infer serve``: uvicorn in front of the app; SIGTERM drains in-flight requests, then exits 0."""
 
 from __future__ import annotations
+
+import contextlib
+import signal
+from typing import Iterator
 
 import structlog
 import uvicorn
@@ -11,14 +15,29 @@ from hetero_core.server.app import create_app
 log = structlog.get_logger()
 
 
+class DrainingServer(uvicorn.Server):
+    """On SIGINT/SIGTERM: stop accepting, let running requests finish, exit normally (no re-raised signal)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
 def serve(config: EngineConfig) -> None:
-    """Serve until SIGINT/SIGTERM; uvicorn stops accepting, then the app drains the engine (bounded)."""
+    """Serve until SIGINT/SIGTERM; in-flight requests then get up to ``server.drain_timeout`` seconds."""
     app = create_app(config)
     log.info("serving", host=config.server.host, port=config.server.port, backend=config.server.backend)
-    uvicorn.run(
+    uvicorn_config = uvicorn.Config(
         app,
         host=config.server.host,
         port=config.server.port,
         log_level="warning",
-        timeout_graceful_shutdown=int(config.server.drain_timeout) or None,
+        timeout_graceful_shutdown=max(1, int(config.server.drain_timeout)),
     )
+    DrainingServer(uvicorn_config).run()
+    log.info("server stopped")
