@@ -63,5 +63,6 @@ def model_server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def mock_server() -> Iterator[RunningServer]:
-    with RunningServer(mock_server_config(server={"model_name": "mock"})) as server:
+    config = mock_server_config(executor={"name": "mock", "vocab_size": 128, "step_latency": 0.003}, server={"model_name": "mock"})
+    with RunningServer(config) as server:
         yield server
