@@ -1,19 +1,27 @@
 """Contract tests for tokenizers.
 
-Subclass :class:`TokenizerContract` and override the ``tokenizer`` fixture::
+Subclass :class:`TokenizerContract` and override the ``tokenizer`` fixture
+(any scope; loading once per class or module keeps the run fast)::
 
     class TestMyTokenizer(TokenizerContract):
         @pytest.fixture(scope="class")
         def tokenizer(self):
             return MyTokenizer()
+
+The checks follow :class:`hetero_core.protocols.Tokenizer`: plain text
+round-trips, ids stay in the vocabulary, streamed pieces concatenate to the
+full decode without splitting a character, and the chat template renders
+well-formed messages and rejects malformed ones with ``ValidationError``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hetero_core.errors import ValidationError
-from hetero_core.protocols import Tokenizer
+from hetero_core.protocols import IncrementalDetokenizer, Tokenizer
 
 SAMPLE_TEXTS = [
     "Hello, world!",
@@ -26,6 +34,21 @@ SAMPLE_TEXTS = [
     "def f(x):\n    return x ** 2  # code",
 ]
 
+MALFORMED_MESSAGES: list[Any] = [
+    [],
+    [{"role": "user"}],
+    [{"content": "hi"}],
+    ["hi"],
+    [{"role": "user", "content": 3}],
+    "user: hi",
+]
+
+
+def stream(detokenizer: IncrementalDetokenizer, token_ids: list[int], chunk_size: int) -> list[str]:
+    """Feed ``token_ids`` ``chunk_size`` at a time; the pieces returned, ending with ``finish()``."""
+    pieces = [detokenizer.add(token_ids[start : start + chunk_size]) for start in range(0, len(token_ids), chunk_size)]
+    return [*pieces, detokenizer.finish()]
+
 
 class TokenizerContract:
     """What every tokenizer must do (see :class:`hetero_core.protocols.Tokenizer`)."""
@@ -34,30 +57,62 @@ class TokenizerContract:
     def tokenizer(self) -> Tokenizer:
         raise NotImplementedError("override the 'tokenizer' fixture")
 
+    def test_implements_the_protocol(self, tokenizer: Tokenizer) -> None:
+        assert isinstance(tokenizer, Tokenizer)
+        assert isinstance(tokenizer.new_detokenizer([]), IncrementalDetokenizer)
+        assert isinstance(tokenizer.vocab_size, int) and tokenizer.vocab_size > 0
+
     @pytest.mark.parametrize("text", SAMPLE_TEXTS)
     def test_round_trip(self, tokenizer: Tokenizer, text: str) -> None:
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert all(isinstance(i, int) and 0 <= i < tokenizer.vocab_size for i in ids)
         assert tokenizer.decode(ids) == text
 
+    @pytest.mark.parametrize("text", SAMPLE_TEXTS[:3])
+    def test_special_tokens_only_add_a_bos_prefix(self, tokenizer: Tokenizer, text: str) -> None:
+        plain = tokenizer.encode(text, add_special_tokens=False)
+        with_special = tokenizer.encode(text, add_special_tokens=True)
+        prefix = with_special[: len(with_special) - len(plain)]
+        assert with_special[len(prefix) :] == plain
+        assert prefix in ([], [tokenizer.bos_token_id])
+        assert tokenizer.decode(with_special, skip_special_tokens=True) == text
+
+    def test_empty_text(self, tokenizer: Tokenizer) -> None:
+        assert tokenizer.encode("", add_special_tokens=False) == []
+        assert tokenizer.decode([]) == ""
+
+    @pytest.mark.parametrize("chunk_size", [1, 3, 1000])
     @pytest.mark.parametrize("text", SAMPLE_TEXTS)
-    def test_streaming_matches_the_full_decode(self, tokenizer: Tokenizer, text: str) -> None:
+    def test_streaming_matches_the_full_decode(self, tokenizer: Tokenizer, text: str, chunk_size: int) -> None:
         ids = tokenizer.encode(text, add_special_tokens=False)
         detokenizer = tokenizer.new_detokenizer(tokenizer.encode("Prompt:", add_special_tokens=True))
-        pieces = [detokenizer.add([i]) for i in ids]
-        pieces.append(detokenizer.finish())
+        pieces = stream(detokenizer, ids, chunk_size)
         assert "".join(pieces) == tokenizer.decode(ids)
         assert all("\ufffd" not in piece for piece in pieces)
 
+    def test_streaming_never_returns_the_prompt(self, tokenizer: Tokenizer) -> None:
+        detokenizer = tokenizer.new_detokenizer(tokenizer.encode("The prompt text", add_special_tokens=True))
+        assert detokenizer.add([]) == ""
+        assert detokenizer.finish() == ""
+
     def test_special_ids_are_in_the_vocabulary(self, tokenizer: Tokenizer) -> None:
         for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id):
-            assert token_id is None or 0 <= token_id < tokenizer.vocab_size
+            assert token_id is None or (isinstance(token_id, int) and 0 <= token_id < tokenizer.vocab_size)
+
+    def test_eos_is_left_out_when_skipping_special_tokens(self, tokenizer: Tokenizer) -> None:
+        if tokenizer.eos_token_id is None:
+            pytest.skip("no EOS token")
+        ids = [*tokenizer.encode("done", add_special_tokens=False), tokenizer.eos_token_id]
+        assert tokenizer.decode(ids, skip_special_tokens=True) == "done"
+        assert "".join(stream(tokenizer.new_detokenizer([]), ids, 1)) == "done"
 
     def test_chat_template_renders_text(self, tokenizer: Tokenizer) -> None:
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}])
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+        rendered = tokenizer.apply_chat_template(messages)
         assert isinstance(rendered, str) and "What is 2 + 2?" in rendered
+        assert isinstance(tokenizer.apply_chat_template(messages, add_generation_prompt=False), str)
 
-    @pytest.mark.parametrize("messages", [[], [{"role": "user"}], [{"content": "hi"}], ["hi"], [{"role": "user", "content": 3}]])
-    def test_chat_template_rejects_malformed_messages(self, tokenizer: Tokenizer, messages: list) -> None:
+    @pytest.mark.parametrize("messages", MALFORMED_MESSAGES)
+    def test_chat_template_rejects_malformed_messages(self, tokenizer: Tokenizer, messages: Any) -> None:
         with pytest.raises(ValidationError):
             tokenizer.apply_chat_template(messages)

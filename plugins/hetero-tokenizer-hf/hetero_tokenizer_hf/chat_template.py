@@ -1,51 +1,116 @@
-"""Render a model's Jinja chat template the way Hugging Face ``transformers`` does."""
+"""Render a model's Jinja chat template exactly as Hugging Face ``transformers`` does.
+
+Same environment: sandboxed and immutable, ``trim_blocks`` and
+``lstrip_blocks``, the ``loopcontrols`` extension, a ``{% generation %}``
+block that renders its body, ``raise_exception``, ``strftime_now``, a
+``tojson`` that does not escape HTML, and a ``namespace`` that refuses
+underscore names. Same variables: ``messages``, ``tools``, ``documents``,
+``add_generation_prompt`` and the special tokens (``bos_token``, ...).
+"""
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from hetero_core.errors import ValidationError
+from hetero_core.errors import ConfigError, ValidationError
 from hetero_core.messages import check_messages
 
 
-def _raise(message: str) -> None:
+class GenerationBlock(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}`` marks the assistant's text for training masks; here it renders as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
+class SafeNamespace(jinja2.utils.Namespace):
+    """Jinja's ``namespace()``, refusing attribute names that start with an underscore."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 -- Namespace's own calling convention
+        self, attributes = args[0], dict(*args[1:], **kwargs)
+        for name in attributes:
+            SafeNamespace._check(name)
+        jinja2.utils.Namespace.__init__(self, attributes)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        SafeNamespace._check(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"namespace attribute {name!r} starts with an underscore")
+
+
+class DictFactory:
+    """``dict(...)`` and ``dict.fromkeys(...)`` for templates, without exposing the ``dict`` type itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, keys: Any, value: Any = None) -> dict:
+        return dict.fromkeys(keys, value)
+
+
+def _raise_exception(message: str) -> NoReturn:
     raise ValidationError(f"chat template: {message}", param="messages")
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-class ChatTemplate:
-    """A compiled chat template plus the special-token strings it may use."""
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
 
-    def __init__(self, source: str, *, bos_token: str, eos_token: str) -> None:
-        environment = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        environment.filters["tojson"] = _tojson
-        environment.globals["raise_exception"] = _raise
-        environment.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
+    )
+    environment.filters["tojson"] = _tojson
+    environment.globals.update(
+        raise_exception=_raise_exception, strftime_now=_strftime_now, namespace=SafeNamespace, dict=DictFactory()
+    )
+    return environment
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special-token strings it may refer to."""
+
+    def __init__(self, source: str, *, special_tokens: Mapping[str, str]) -> None:
         try:
-            self._template = environment.from_string(source)
+            self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
-            raise ValidationError(f"the model's chat template does not compile: {exc}") from exc
-        self._bos_token = bos_token
-        self._eos_token = eos_token
+            raise ConfigError(f"the model's chat template does not compile: {exc}", param="tokenizer") from exc
+        self._special_tokens = dict(special_tokens)
 
     def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool) -> str:
+        """The prompt text; ``ValidationError`` for malformed messages or ones the template rejects."""
         check_messages(messages)
+        # Like transformers: a key set to None is left out, since templates test for presence.
+        plain = [{key: value for key, value in message.items() if value is not None} for message in messages]
         try:
             return self._template.render(
-                messages=[dict(m) for m in messages],
+                **self._special_tokens,
+                messages=plain,
+                tools=None,
+                documents=None,
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self._bos_token,
-                eos_token=self._eos_token,
             )
-        except jinja2.TemplateError as exc:
-            raise ValidationError(f"chat template failed: {exc}", param="messages") from exc
+        except (jinja2.TemplateError, TypeError, ValueError) as exc:
+            raise ValidationError(f"chat template cannot render these messages: {exc}", param="messages") from exc

@@ -1,8 +1,10 @@
-"""Rebuild a Hugging Face ``tokenizers.Tokenizer`` from the vocabulary inside a GGUF file.
+"""Rebuild a ``tokenizers.Tokenizer`` from the vocabulary inside a GGUF file.
 
-Only the metadata is read (the tensors stay on disk). Supported: the
-``gpt2`` tokenizer model (byte-level BPE) with the pre-tokenizers that
-llama.cpp names ``default``/``gpt2``, ``smollm`` and ``llama-bpe``.
+Only metadata is read; the tensors stay on disk. The tokenizer is built the
+way ``transformers`` builds it from the same file, so both encode every text
+alike. Supported: the ``gpt2`` tokenizer model (byte-level BPE) with the
+pre-tokenizers of the GPT-2, Llama 3 and Qwen2 families (see
+:data:`PRE_TOKENIZER_SPLITS`).
 """
 
 from __future__ import annotations
@@ -10,78 +12,151 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import attrs
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hetero_core.errors import ConfigError
+from hetero_tokenizer_hf.spec import TokenizerSpec, install_bos_eos
 
-CONTROL, USER_DEFINED = 3, 4  # gguf token types that are special tokens
-
-LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+GPT2_SPLIT = None  # ByteLevel's own GPT-2 regex
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-
-@attrs.frozen
-class TokenizerFiles:
-    """What a GGUF file says about its tokenizer."""
-
-    tokenizer: Tokenizer
-    bos_token_id: int | None
-    eos_token_id: int | None
-    pad_token_id: int | None
-    add_bos_token: bool
-    chat_template: str | None
-
-
-def _field(reader: gguf.GGUFReader, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
-def _pre_tokenizer(pre: str | None) -> Any:
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in (None, "default", "gpt2"):
-        return byte_level
-    if pre == "smollm":
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if pre == "llama-bpe":
-        split = pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated")
-        return pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    raise ConfigError(f"unsupported GGUF pre-tokenizer {pre!r}; supported: gpt2, smollm, llama-bpe", param="tokenizer")
+#: ``tokenizer.ggml.pre`` -> the regex that splits text into words before BPE.
+#: ``smollm`` uses GPT-2's split, as ``transformers`` does for a GGUF file
+#: (SmolLM's own tokenizer.json also isolates every digit; its vocabulary has
+#: no multi-digit token, so only digits after a run of spaces differ).
+PRE_TOKENIZER_SPLITS: dict[str, str | None] = {
+    "default": GPT2_SPLIT,
+    "gpt2": GPT2_SPLIT,
+    "smollm": GPT2_SPLIT,
+    "llama3": LLAMA3_SPLIT,
+    "llama-v3": LLAMA3_SPLIT,
+    "llama-bpe": LLAMA3_SPLIT,
+    "smaug-bpe": LLAMA3_SPLIT,
+    "dbrx": LLAMA3_SPLIT,
+    "falcon3": LLAMA3_SPLIT,
+    "qwen2": QWEN2_SPLIT,
+    "deepseek-r1-qwen": QWEN2_SPLIT,
+}
 
 
-def read_gguf_tokenizer(path: Path) -> TokenizerFiles:
-    reader = gguf.GGUFReader(path)
-    model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
+def gpt2_byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map: printable Latin-1 bytes stand for themselves, the rest shift past 255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [byte for byte in range(256) if byte not in printable]
+    return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(shifted)}}
+
+
+class GGUFMetadata:
+    """The ``tokenizer.*`` keys of a GGUF file (the reader maps tensors lazily and never reads them)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._reader = gguf.GGUFReader(path)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read GGUF file {str(path)!r}: {exc}", param="tokenizer") from exc
+
+    def get(self, key: str, default: Any = None) -> Any:
+        field = self._reader.fields.get(key)
+        return default if field is None else field.contents()
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise ConfigError(f"{self.path.name}: GGUF metadata has no {key!r}", param="tokenizer")
+        return value
+
+
+def _pre_tokenizer(pre: str, path: Path) -> pre_tokenizers.PreTokenizer:
+    if pre not in PRE_TOKENIZER_SPLITS:
         raise ConfigError(
-            f"{path.name}: tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2');"
-            " point the tokenizer's 'path' option at a tokenizer.json instead",
+            f"{path.name}: GGUF pre-tokenizer {pre!r} is not supported; supported: {sorted(PRE_TOKENIZER_SPLITS)}."
+            " Point the tokenizer's 'path' option at the model's tokenizer.json instead",
             param="tokenizer",
         )
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
-    merges: list[str] = _field(reader, "tokenizer.ggml.merges") or []
-    types: list[int] = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    bpe = models.BPE(
-        vocab={token: index for index, token in enumerate(tokens)},
-        merges=[tuple(merge.split(" ", 1)) for merge in merges],
-        fuse_unk=False,
-        ignore_merges=_field(reader, "tokenizer.ggml.pre") == "llama-bpe",
+    split = PRE_TOKENIZER_SPLITS[pre]
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
-    tokenizer = Tokenizer(bpe)
-    tokenizer.pre_tokenizer = _pre_tokenizer(_field(reader, "tokenizer.ggml.pre"))
+
+
+def _byte_level_tokenizer(metadata: GGUFMetadata) -> Tokenizer:
+    """Byte-level BPE with the file's tokens, merges and special tokens."""
+    tokens: list[str] = metadata.require("tokenizer.ggml.tokens")
+    merges: list[str] = metadata.require("tokenizer.ggml.merges")
+    token_types: list[int] = metadata.get("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens)
+    alphabet = gpt2_byte_alphabet()
+    spelled = set(alphabet.values())
+
+    def spell(token: str) -> str:  # a token written in plain text instead of the byte alphabet
+        return token if set(token) <= spelled else "".join(alphabet[byte] for byte in token.encode("utf-8"))
+
+    vocab = {spell(token): index for index, token in enumerate(tokens)}
+    tokenizer = Tokenizer(
+        models.BPE(vocab=vocab, merges=[tuple(merge.split(" ")) for merge in merges], fuse_unk=False)
+    )
+    tokenizer.pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"), metadata.path)
     tokenizer.decoder = decoders.ByteLevel()
+    # Control tokens match whole and are special; user-defined ones match whole but are ordinary text.
+    # A control token outside the byte alphabet is a mislabelled ordinary token: left to BPE.
     tokenizer.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i, kind in enumerate(types) if kind in (CONTROL, USER_DEFINED)]
+        [
+            AddedToken(token, special=True, normalized=False)
+            for token, kind in zip(tokens, token_types)
+            if kind == gguf.TokenType.CONTROL and set(token) <= spelled
+        ]
     )
-    add_bos = _field(reader, "tokenizer.ggml.add_bos_token")
-    return TokenizerFiles(
+    tokenizer.add_tokens(
+        [
+            AddedToken(token, special=False, normalized=False)
+            for token, kind in zip(tokens, token_types)
+            if kind == gguf.TokenType.USER_DEFINED and token in vocab
+        ]
+    )
+    return tokenizer
+
+
+TOKENIZER_BUILDERS = {"gpt2": _byte_level_tokenizer}
+
+
+def read_gguf_tokenizer(path: Path) -> TokenizerSpec:
+    """The tokenizer, special ids and chat template described by the GGUF file at ``path``."""
+    metadata = GGUFMetadata(path)
+    model = metadata.get("tokenizer.ggml.model")
+    if model not in TOKENIZER_BUILDERS:
+        raise ConfigError(
+            f"{path.name}: GGUF tokenizer model {model!r} is not supported (supported: {sorted(TOKENIZER_BUILDERS)});"
+            " point the tokenizer's 'path' option at the model's tokenizer.json instead",
+            param="tokenizer",
+        )
+    tokenizer = TOKENIZER_BUILDERS[model](metadata)
+    bos_token_id = metadata.get("tokenizer.ggml.bos_token_id")
+    eos_token_id = metadata.get("tokenizer.ggml.eos_token_id")
+    install_bos_eos(
+        tokenizer,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+    )
+    return TokenizerSpec(
         tokenizer=tokenizer,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        pad_token_id=_field(reader, "tokenizer.ggml.padding_token_id"),
-        add_bos_token=bool(add_bos) if add_bos is not None else False,
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=metadata.get("tokenizer.ggml.padding_token_id"),
+        unk_token_id=metadata.get("tokenizer.ggml.unknown_token_id"),
+        chat_template=metadata.get("tokenizer.chat_template"),
     )

@@ -11,7 +11,9 @@ from hetero_tokenizer_hf.tokenizer import HuggingFaceTokenizer, load_tokenizer
 
 def create(config: Any, path: str | None = None) -> HuggingFaceTokenizer:
     """The model's tokenizer, or the one at ``path`` (a tokenizer.json, a folder or a GGUF file)."""
-    return load_tokenizer(path if path is not None else resolve_model_path(config.model))
+    if path is not None:
+        return load_tokenizer(path, param="tokenizer.path")
+    return load_tokenizer(resolve_model_path(config.model), param="model")
 
 
 @hookimpl
