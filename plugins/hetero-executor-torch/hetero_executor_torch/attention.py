@@ -1,8 +1,9 @@
 """Paged attention in plain torch: per-step index tensors, then one call per layer.
 
-The batch is flattened with decode tokens first. Decodes share one
-scaled-dot-product call over their contexts gathered block by block through
-the block tables (padded to the longest, masked); each prefill chunk gets its own
+The batch is flattened with decode tokens first. Decodes, sorted by
+context length and split in up to two groups of similar length, share one
+scaled-dot-product call per group over their contexts gathered block by
+block through the block tables (padded to the group's longest, masked); each prefill chunk gets its own
 call, causal over its cached and new tokens. A chunk with nothing cached
 attends to its own fresh keys and values directly, without a gather.
 """
@@ -26,6 +27,16 @@ class PrefillSpan:
 
 
 @attrs.define
+class DecodeGroup:
+    """Decodes of similar context length, attended in one call (less padding than one call for all)."""
+
+    start: int  # first decode of the group in the flattened batch
+    count: int
+    blocks: torch.Tensor  # [count, max_blocks] block tables (padding -> block 0)
+    mask: torch.Tensor  # [count, 1, 1, max_blocks * block_size], True = attend
+
+
+@attrs.define
 class KernelInputs:
     """Step metadata for kernels that read the paged cache in place (int32, on the kernels' device)."""
 
@@ -42,8 +53,7 @@ class AttentionInputs:
 
     slot_mapping: torch.Tensor  # [T] where each new token's key/value is written
     num_decodes: int
-    decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks] block tables (padding -> block 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size], True = attend
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillSpan]
     kernel: KernelInputs | None = None  # set when a kernel backend serves attention
 
@@ -77,20 +87,19 @@ def paged_attention(
 ) -> torch.Tensor:
     """Attention output [T, heads, head_size] for query [T, heads, head_size]; the cache already holds this step's keys."""
     out = torch.empty_like(query)
-    if inputs.num_decodes:
-        out[: inputs.num_decodes] = decode_attention(query, k_cache, v_cache, inputs, scale)
+    for group in inputs.decode_groups:
+        out[group.start : group.start + group.count] = decode_attention(query, k_cache, v_cache, group, scale)
     prefill_attention(out, query, key, value, k_cache, v_cache, inputs, scale)
     return out
 
 
-def decode_attention(query, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
-    """The decodes' outputs [num_decodes, heads, head_size]: one masked call over their gathered blocks."""
-    n = inputs.num_decodes
-    keys = gather_blocks(k_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)  # [n, kv_heads, L, head_size]
-    values = gather_blocks(v_cache, inputs.decode_blocks, query.dtype).transpose(1, 2)
-    q = query[:n].unsqueeze(2)  # [n, heads, 1, head_size]
+def decode_attention(query, k_cache, v_cache, group: DecodeGroup, scale: float) -> torch.Tensor:
+    """A decode group's outputs [count, heads, head_size]: one masked call over their gathered blocks."""
+    keys = gather_blocks(k_cache, group.blocks, query.dtype).transpose(1, 2)  # [count, kv_heads, L, head_size]
+    values = gather_blocks(v_cache, group.blocks, query.dtype).transpose(1, 2)
+    q = query[group.start : group.start + group.count].unsqueeze(2)  # [count, heads, 1, head_size]
     gqa = query.shape[1] != k_cache.shape[2]
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=inputs.decode_mask, scale=scale, enable_gqa=gqa).squeeze(2)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=gqa).squeeze(2)
 
 
 def prefill_attention(out, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> None:

@@ -67,7 +67,7 @@ def test_logits_match_transformers(reference, engine, generations) -> None:
 
     n = len(ids)
     last_slots = torch.arange(n) + engine.num_blocks * engine.config.block_size - n  # the tail of the pool, unused here
-    attention = AttentionInputs(last_slots, 0, None, None, [PrefillSpan(0, n, n, None, None)])
+    attention = AttentionInputs(last_slots, 0, [], [PrefillSpan(0, n, n, None, None)])
     with torch.inference_mode():
         ours = executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
     torch.testing.assert_close(ours, expected, atol=2e-3, rtol=1e-3)

@@ -20,7 +20,7 @@ def our_logits(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
     """Logits at every position from one whole-sequence prefill through the paged cache."""
     executor.initialize_cache(64, 4)
     n = len(ids)
-    attention = AttentionInputs(torch.arange(n) + 8, 0, None, None, [PrefillSpan(0, n, n, None, None)])
+    attention = AttentionInputs(torch.arange(n) + 8, 0, [], [PrefillSpan(0, n, n, None, None)])
     with torch.inference_mode():
         return executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
 
