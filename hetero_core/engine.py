@@ -22,7 +22,7 @@ import structlog
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
 from hetero_core.config import EngineConfig
-from hetero_core.errors import CacheMemoryError, ConfigError, SchedulerError, ValidationError
+from hetero_core.errors import CacheMemoryError, ConfigError, ExecutionError, SchedulerError, ValidationError
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
 from hetero_core.output_processor import OutputProcessor, completed_request
@@ -197,9 +197,10 @@ class InferenceEngine:
         self._take_inbox(finished)
         plan = self.scheduler.schedule()
         if plan.work:
-            output = self._execute(plan)
-            if output is None:
-                self._fail_batch(plan, finished)
+            try:
+                output = self._execute(plan)
+            except ExecutionError as error:
+                self._fail_batch(plan, error, finished)
             else:
                 self._process(plan, output, finished)
         completed = [self._finish_request(r) for r in finished]
@@ -228,7 +229,8 @@ class InferenceEngine:
             if request is not None and not request.is_finished:
                 self._end_request(request, FinishReason.ABORT, finished)
 
-    def _execute(self, plan: SchedulerOutput) -> ExecutionOutput | None:
+    def _execute(self, plan: SchedulerOutput) -> ExecutionOutput:
+        """Run the step's batch, retrying a failing executor; ``ExecutionError`` once retries run out."""
         batch = ExecutionBatch(
             sequences=[
                 ScheduledSequence(
@@ -247,20 +249,22 @@ class InferenceEngine:
             block_size=self.config.block_size,
             block_copies=plan.block_copies,
         )
-        for attempt in range(self.config.max_retry_attempts + 1):
+        attempts = self.config.max_retry_attempts + 1
+        error = ""
+        for attempt in range(1, attempts + 1):
             try:
                 return self.executor.execute(batch)
             except Exception as exc:  # any executor fault: retry, then fail only this batch's requests
-                self._last_execution_error = f"{type(exc).__name__}: {exc}"
-                log.warning("executor failed", attempt=attempt + 1, error=self._last_execution_error)
-                if attempt < self.config.max_retry_attempts:
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("executor failed", attempt=attempt, error=error)
+                if attempt < attempts:
                     self.metrics.num_execution_retries += 1
-        return None
+        raise ExecutionError(f"execution failed after {attempts} attempts: {error}")
 
-    def _fail_batch(self, plan: SchedulerOutput, finished: list[Request]) -> None:
+    def _fail_batch(self, plan: SchedulerOutput, error: ExecutionError, finished: list[Request]) -> None:
         for request in {id(w.seq.request): w.seq.request for w in plan.work}.values():
             if not request.is_finished:
-                request.error = f"execution failed after {self.config.max_retry_attempts + 1} attempts: {self._last_execution_error}"
+                request.error = error.message
                 self._end_request(request, FinishReason.ERROR, finished)
 
     def _process(self, plan: SchedulerOutput, output: ExecutionOutput, finished: list[Request]) -> None:
