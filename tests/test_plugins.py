@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 import textwrap
 import types
@@ -116,7 +117,6 @@ def installed_distribution(tmp_path, monkeypatch):
 def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) -> None:
     pm = create_plugin_manager()
     assert "fake" in ComponentRegistry(pm).names("scheduler")
-    assert {"fcfs", "priority"} <= set(ComponentRegistry(pm).names("scheduler"))  # the project's own plugins
     listing = {p["name"]: p for p in describe_plugins(pm)}
     assert listing["fake"] == {"name": "fake", "version": "1.2.3", "hooks": ["register_scheduler_policies"], "components": {"scheduler": ["fake"]}}
     monkeypatch.setenv("HETERO_PLUGINS", "fake")
@@ -126,3 +126,29 @@ def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) ->
     monkeypatch.setenv("HETERO_PLUGINS", "")
     monkeypatch.setenv("HETERO_DISABLE_PLUGINS", "fake")
     assert "fake" not in ComponentRegistry(create_plugin_manager()).names("scheduler")
+
+
+@pytest.fixture(scope="module")
+def installed_listing() -> dict[str, dict]:
+    return {p["name"]: p for p in describe_plugins(create_plugin_manager())}
+
+
+@pytest.mark.parametrize(
+    ("distribution", "plugin", "components"),
+    [
+        ("hetero-cache-paged", "paged", {"cache_allocator": ["paged"]}),
+        ("hetero-schedulers", "schedulers", {"scheduler": ["fcfs", "priority"]}),
+        ("hetero-executor-torch", "torch", {"executor": ["torch"]}),
+        ("hetero-executor-numba", "numba-cuda", {"executor": ["numba-cuda"]}),
+        ("hetero-tokenizer-hf", "huggingface", {"tokenizer": ["huggingface"]}),
+    ],
+)
+def test_the_project_plugins_are_found_through_entry_points(
+    installed_listing, distribution: str, plugin: str, components: dict
+) -> None:
+    try:
+        version = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{distribution} is not installed (pip install -e plugins/{distribution})")
+    assert installed_listing[plugin]["version"] == version
+    assert installed_listing[plugin]["components"] == components

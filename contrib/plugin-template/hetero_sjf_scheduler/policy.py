@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from typing import Sequence as SequenceOf
 
+from hetero_core.errors import ConfigError
 from hetero_core.sequence import Sequence
 
 
 class ShortestPromptFirst:
+    """The ``sjf`` scheduler policy; ``aging`` is the option set in the config."""
+
     def __init__(self, aging: int = 8) -> None:
-        if aging <= 0:
-            raise ValueError(f"aging must be positive, got {aging}")
+        if isinstance(aging, bool) or not isinstance(aging, int) or aging <= 0:
+            raise ConfigError(f"scheduler option aging must be a positive integer, got {aging!r}", param="aging")
         self.aging = aging
 
     def _score(self, seq: Sequence, newest: int) -> tuple[int, int, int]:

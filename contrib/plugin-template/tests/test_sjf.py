@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hetero_core import EngineConfig, GenerationParams
+from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.testing import SchedulerPolicyContract
@@ -21,6 +22,27 @@ class TestShortestPromptFirstContract(SchedulerPolicyContract):
 def test_short_prompts_go_first() -> None:
     long, short = make_sequence(0, num_prompt_tokens=300), make_sequence(1, num_prompt_tokens=5)
     assert ShortestPromptFirst().order_waiting([long, short]) == [short, long]
+
+
+def test_each_later_arrival_moves_a_long_prompt_aging_tokens_forward() -> None:
+    policy = ShortestPromptFirst(aging=10)
+    long = make_sequence(0, num_prompt_tokens=100)
+    # scores: 100 - 10 * arrivals since it came, against 20 for the newest prompt; ties go to the earlier arrival
+    for later_arrivals, long_first in [(1, False), (7, False), (8, True), (9, True)]:
+        short = make_sequence(later_arrivals, num_prompt_tokens=20)
+        assert (policy.order_waiting([short, long])[0] is long) == long_first, later_arrivals
+
+
+def test_computed_prompt_tokens_do_not_count() -> None:
+    partly_done, fresh = make_sequence(0, num_prompt_tokens=64), make_sequence(0, num_prompt_tokens=30, index=1)
+    partly_done.num_computed_tokens = 48  # 16 tokens left to prefill
+    assert ShortestPromptFirst().order_waiting([fresh, partly_done]) == [partly_done, fresh]
+
+
+@pytest.mark.parametrize("aging", [0, -3, 1.5, True])
+def test_a_bad_aging_option_is_a_config_error(aging) -> None:
+    with pytest.raises(ConfigError, match="aging must be a positive integer"):
+        ShortestPromptFirst(aging=aging)
 
 
 def test_discovered_through_its_entry_point() -> None:
