@@ -1,60 +1,81 @@
-"""Block tables over a fixed pool, with reference counts, copy-on-write and a prefix cache.
+"""Per-sequence block tables over a :class:`~hetero_cache_paged.block_pool.BlockPool`.
 
-Every physical block is in exactly one of three states:
+Copy-on-write: a block that several tables share is never written in
+place; the first sequence to write into it gets a private copy, and the
+:class:`~hetero_core.batch.BlockCopy` goes back to the engine for the
+executor to perform.
 
-- *free*: no owner, no content worth keeping (``_free``);
-- *used*: in at least one block table, ``refcount > 0``;
-- *cached*: no owner, but full and hashed, so a later prompt with the same
-  prefix can take it back (``_cached``, least recently freed first).
-
-A fresh block comes from the free list, or, when that is empty, by evicting
-the least recently used cached block. A full block's hash chains its
-parent's hash and its own tokens; the tokens are stored with the block and
-compared on every hit, so a hash collision can never hand out wrong KV.
+Prefix caching: a block is sealed (entered into the prefix cache) once all
+of its tokens are computed, which :meth:`PagedAllocator.append_slots` learns
+from ``num_computed_tokens``; a block therefore becomes reusable one step
+after it fills. Its key chains the previous block's key with its own
+tokens, and each sequence remembers how far it has sealed, so hashing
+resumes where it stopped.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
 from typing import Sequence as SequenceOf
 
+import attrs
+
+from hetero_cache_paged.block_pool import ROOT_IDENTITY, BlockPool
 from hetero_core.batch import BlockCopy
-from hetero_core.errors import CacheMemoryError, SchedulerError
+from hetero_core.errors import CacheMemoryError, ConfigError, SchedulerError
 from hetero_core.memory import MemoryStats
 
-ROOT_HASH = 0
+ROOT_KEY = 0
 
 
-def block_hash(parent_hash: int, tokens: tuple[int, ...]) -> int:
-    """The prefix-cache key of a full block, chained over every block before it."""
-    return hash((parent_hash, tokens))
+def block_hash(parent_key: int, tokens: tuple[int, ...]) -> int:
+    """The prefix-cache key of a full block, chained over the keys of the blocks before it."""
+    return hash((parent_key, tokens))
+
+
+@attrs.define
+class _SequenceBlocks:
+    """A sequence's block table and how far its prefix has been sealed."""
+
+    table: list[int]
+    num_sealed: int = 0  # leading blocks sealed in the prefix cache
+    key: int = ROOT_KEY  # the chained key of the last sealed block
+    identity: int = ROOT_IDENTITY  # the identity of the last sealed block
+
+    def copy(self) -> _SequenceBlocks:
+        return _SequenceBlocks(list(self.table), self.num_sealed, self.key, self.identity)
 
 
 class PagedAllocator:
     """The ``paged`` :class:`~hetero_core.protocols.CacheAllocator`.
 
+    Misuse by the caller (an unknown or duplicate sequence id, counts that
+    do not fit the table) raises :class:`~hetero_core.errors.SchedulerError`
+    naming the sequence; running out of blocks raises
+    :class:`~hetero_core.errors.CacheMemoryError` and changes nothing.
+    The prefix-cache counters of :meth:`stats` count the prompt tokens of
+    every :meth:`allocate` (queries) and those found cached (hits), while
+    prefix caching is on.
+
     :param num_blocks: blocks in the pool.
     :param block_size: token slots per block.
-    :param enable_prefix_caching: keep freed full blocks for reuse by later prompts.
+    :param enable_prefix_caching: keep the blocks of computed prompts for later prompts that share their prefix.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks} and {block_size}")
-        self._num_blocks = num_blocks
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}", param=name)
+        if not isinstance(enable_prefix_caching, bool):
+            raise ConfigError(
+                f"enable_prefix_caching must be true or false, got {enable_prefix_caching!r}",
+                param="cache_allocator.enable_prefix_caching",
+            )
         self._block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self._refcount = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
-        self._cached: OrderedDict[int, None] = OrderedDict()  # LRU order: first = evicted first
-        self._hash_of: dict[int, int] = {}  # block -> its hash, for full computed blocks
-        self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> the tokens it holds
-        self._block_of: dict[int, int] = {}  # hash -> block
-        self._tables: dict[int, list[int]] = {}
-        self._hashed: dict[int, tuple[int, int]] = {}  # seq -> (leading blocks hashed, chain hash of the last)
-        self._num_used = 0
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
+        self._pool = BlockPool(num_blocks)
+        self._sequences: dict[int, _SequenceBlocks] = {}
+        self._prefix_cache_queries = 0
+        self._prefix_cache_hits = 0
 
     @property
     def block_size(self) -> int:
@@ -62,165 +83,148 @@ class PagedAllocator:
 
     @property
     def num_blocks(self) -> int:
-        return self._num_blocks
+        return self._pool.num_blocks
 
     # ------------------------------------------------------------------ protocol
 
     def allocate(self, seq_id: int, token_ids: SequenceOf[int]) -> int:
-        if seq_id in self._tables:
+        if seq_id in self._sequences:
             raise SchedulerError(f"sequence {seq_id} already has a block table")
-        table: list[int] = []
-        self._tables[seq_id] = table
-        self._hashed[seq_id] = (0, ROOT_HASH)
+        blocks = _SequenceBlocks([])
+        self._sequences[seq_id] = blocks
         if not self.enable_prefix_caching:
             return 0
-        size = self._block_size
-        max_blocks = (len(token_ids) - 1) // size  # the last token is always recomputed
-        chain = ROOT_HASH
-        for index in range(max_blocks):
+        size, pool = self._block_size, self._pool
+        for index in range((len(token_ids) - 1) // size):  # the last token is always computed again
             tokens = tuple(token_ids[index * size : (index + 1) * size])
-            key = block_hash(chain, tokens)
-            block = self._block_of.get(key)
-            if block is None or self._tokens_of[block] != tokens:
+            key = block_hash(blocks.key, tokens)
+            block = pool.lookup(key, blocks.identity, tokens)
+            if block is None:
                 break
-            self._take(block)
-            table.append(block)
-            chain = key
-        self._hashed[seq_id] = (len(table), chain)
-        self.prefix_cache_queries += len(token_ids)
-        self.prefix_cache_hits += len(table) * size
-        return len(table) * size
+            pool.share(block)
+            blocks.table.append(block)
+            blocks.num_sealed, blocks.key, blocks.identity = index + 1, key, pool.identity(block)
+        num_cached = len(blocks.table) * size
+        self._prefix_cache_queries += len(token_ids)
+        self._prefix_cache_hits += num_cached
+        return num_cached
 
     def can_append(self, seq_id: int, num_computed_tokens: int, num_new_tokens: int) -> bool:
-        return self._blocks_needed(seq_id, num_computed_tokens, num_new_tokens) <= len(self._free) + len(self._cached)
+        blocks = self._blocks(seq_id)
+        self._check_counts(seq_id, blocks, num_computed_tokens, num_new_tokens)
+        return self._num_blocks_needed(blocks.table, num_computed_tokens, num_new_tokens) <= self._pool.num_available
 
     def append_slots(
         self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
     ) -> list[BlockCopy]:
-        table = self._table(seq_id)
-        needed = self._blocks_needed(seq_id, num_computed_tokens, num_new_tokens)
-        available = len(self._free) + len(self._cached)
-        if needed > available:
-            raise CacheMemoryError(f"sequence {seq_id} needs {needed} more KV blocks, {available} are available")
-        if self.enable_prefix_caching:
-            self._hash_computed_blocks(seq_id, token_ids, num_computed_tokens)
-        size = self._block_size
+        blocks = self._blocks(seq_id)
+        self._check_counts(seq_id, blocks, num_computed_tokens, num_new_tokens)
+        end = num_computed_tokens + num_new_tokens
+        if len(token_ids) < end:
+            raise SchedulerError(
+                f"sequence {seq_id}: token_ids has {len(token_ids)} tokens, fewer than the {end} to cover"
+            )
+        table, pool, size = blocks.table, self._pool, self._block_size
+        needed = self._num_blocks_needed(table, num_computed_tokens, num_new_tokens)
+        if needed > pool.num_available:
+            raise CacheMemoryError(
+                f"sequence {seq_id} needs {needed} more KV blocks, {pool.num_available} are available"
+            )
+        if self.enable_prefix_caching and num_computed_tokens // size > blocks.num_sealed:
+            self._seal_computed_blocks(blocks, token_ids, num_computed_tokens)
         copies = []
-        for index in range(num_computed_tokens // size, min(len(table), -(-(num_computed_tokens + num_new_tokens) // size))):
+        for index in range(num_computed_tokens // size, min(len(table), -(-end // size))):
             shared = table[index]
-            if self._refcount[shared] > 1:
-                private = self._fresh_block()
-                self._release(shared)
+            if pool.refcount(shared) > 1:
+                private = pool.take_fresh()
+                pool.release(shared)
                 table[index] = private
                 copies.append(BlockCopy(shared, private))
-        while len(table) * size < num_computed_tokens + num_new_tokens:
-            table.append(self._fresh_block())
+        while len(table) * size < end:
+            table.append(pool.take_fresh())
         return copies
 
     def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
-        if child_seq_id in self._tables:
+        if child_seq_id in self._sequences:
             raise SchedulerError(f"sequence {child_seq_id} already has a block table")
-        table = list(self._table(parent_seq_id))
-        for block in table:
-            self._refcount[block] += 1
-        self._tables[child_seq_id] = table
-        self._hashed[child_seq_id] = self._hashed[parent_seq_id]
+        child = self._blocks(parent_seq_id).copy()
+        for block in child.table:
+            self._pool.share(block)
+        self._sequences[child_seq_id] = child
 
     def free(self, seq_id: int) -> None:
-        for block in reversed(self._table(seq_id)):  # the tail is least useful: evicted first
-            self._release(block)
-        del self._tables[seq_id]
-        del self._hashed[seq_id]
+        blocks = self._blocks(seq_id)
+        for block in reversed(blocks.table):  # the tail is the least reusable: it is evicted first
+            self._pool.release(block)
+        del self._sequences[seq_id]
 
     def block_table(self, seq_id: int) -> list[int]:
-        return self._table(seq_id)
+        return self._blocks(seq_id).table
 
     def stats(self) -> MemoryStats:
+        pool = self._pool
         return MemoryStats(
-            total_blocks=self._num_blocks,
-            used_blocks=self._num_used,
-            free_blocks=len(self._free),
-            cached_blocks=len(self._cached),
-            num_sequences=len(self._tables),
+            total_blocks=pool.num_blocks,
+            used_blocks=pool.num_used,
+            free_blocks=pool.num_free,
+            cached_blocks=pool.num_cached,
+            num_sequences=len(self._sequences),
             block_size=self._block_size,
-            prefix_cache_queries=self.prefix_cache_queries,
-            prefix_cache_hits=self.prefix_cache_hits,
+            prefix_cache_queries=self._prefix_cache_queries,
+            prefix_cache_hits=self._prefix_cache_hits,
         )
 
-    # ------------------------------------------------------------------ extras
+    # ------------------------------------------------------------------ introspection and upkeep
 
     def refcount(self, block: int) -> int:
-        return self._refcount[block]
+        """How many block tables hold ``block``."""
+        return self._pool.refcount(block)
+
+    def is_cached(self, block: int) -> bool:
+        """Whether ``block`` is ownerless but kept for prefix-cache hits."""
+        return self._pool.is_cached(block)
 
     def reset_prefix_cache(self) -> None:
-        """Forget every cached block (used blocks keep their hashes until freed)."""
-        while self._cached:
-            self._evict_oldest()
+        """Free every cached block, so that later prompts start cold (blocks in use are kept)."""
+        self._pool.reset_prefix_cache()
 
     # ------------------------------------------------------------------ internals
 
-    def _table(self, seq_id: int) -> list[int]:
-        table = self._tables.get(seq_id)
-        if table is None:
+    def _blocks(self, seq_id: int) -> _SequenceBlocks:
+        blocks = self._sequences.get(seq_id)
+        if blocks is None:
             raise SchedulerError(f"sequence {seq_id} has no block table")
-        return table
+        return blocks
 
-    def _blocks_needed(self, seq_id: int, num_computed_tokens: int, num_new_tokens: int) -> int:
-        table = self._table(seq_id)
-        size = self._block_size
+    def _check_counts(
+        self, seq_id: int, blocks: _SequenceBlocks, num_computed_tokens: int, num_new_tokens: int
+    ) -> None:
+        covered = len(blocks.table) * self._block_size
+        if not 0 <= num_computed_tokens <= covered or num_new_tokens < 0:
+            raise SchedulerError(
+                f"sequence {seq_id}: num_computed_tokens={num_computed_tokens} must be within the"
+                f" {covered} slots of its table and num_new_tokens={num_new_tokens} must be >= 0"
+            )
+
+    def _num_blocks_needed(self, table: list[int], num_computed_tokens: int, num_new_tokens: int) -> int:
+        """Fresh blocks to cover the new tokens: growth, plus a copy for each shared block written."""
+        size, num_blocks = self._block_size, len(table)
         end_block = -(-(num_computed_tokens + num_new_tokens) // size)
-        growth = max(0, end_block - len(table))
-        copies = sum(1 for i in range(num_computed_tokens // size, min(len(table), end_block)) if self._refcount[table[i]] > 1)
-        return growth + copies
+        needed = end_block - num_blocks if end_block > num_blocks else 0
+        for index in range(num_computed_tokens // size, min(num_blocks, end_block)):
+            if self._pool.refcount(table[index]) > 1:
+                needed += 1
+        return needed
 
-    def _take(self, block: int) -> None:
-        """Add an owner to a cached or used block."""
-        if self._refcount[block] == 0:
-            del self._cached[block]
-            self._num_used += 1
-        self._refcount[block] += 1
-
-    def _release(self, block: int) -> None:
-        self._refcount[block] -= 1
-        if self._refcount[block] == 0:
-            self._num_used -= 1
-            if block in self._hash_of:
-                self._cached[block] = None
-            else:
-                self._free.append(block)
-
-    def _fresh_block(self) -> int:
-        if not self._free:
-            self._evict_oldest()
-        block = self._free.popleft()
-        self._refcount[block] = 1
-        self._num_used += 1
-        return block
-
-    def _evict_oldest(self) -> None:
-        block, _ = self._cached.popitem(last=False)
-        del self._block_of[self._hash_of.pop(block)]
-        del self._tokens_of[block]
-        self._free.append(block)
-
-    def _hash_computed_blocks(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int) -> None:
-        """Enter the sequence's full, computed, not yet hashed blocks into the prefix cache.
-
-        When another block already holds the same tokens (two prompts computed
-        them at once), the first one stays the cached copy and this one is
-        left unhashed: it returns to the free list when released.
-        """
-        table = self._tables[seq_id]
-        size = self._block_size
-        start, chain = self._hashed[seq_id]
-        end = min(num_computed_tokens // size, len(table))
-        for index in range(start, end):
-            block = table[index]
+    def _seal_computed_blocks(
+        self, blocks: _SequenceBlocks, token_ids: SequenceOf[int], num_computed_tokens: int
+    ) -> None:
+        """Enter the sequence's full, computed, not yet sealed blocks into the prefix cache."""
+        size, pool = self._block_size, self._pool
+        end = num_computed_tokens // size  # within the table: the computed tokens are in it
+        for index in range(blocks.num_sealed, end):
             tokens = tuple(token_ids[index * size : (index + 1) * size])
-            chain = block_hash(chain, tokens)
-            if block not in self._hash_of and chain not in self._block_of:
-                self._hash_of[block] = chain
-                self._tokens_of[block] = tokens
-                self._block_of[chain] = block
-        if end > start:
-            self._hashed[seq_id] = (end, chain)
+            key = block_hash(blocks.key, tokens)
+            blocks.identity = pool.seal(blocks.table[index], key, blocks.identity, tokens)
+            blocks.key = key
+        blocks.num_sealed = end
