@@ -32,9 +32,14 @@ from workload import percentile, standard_prompts  # noqa: E402
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], new_tokens: int) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+    """One streamed completion; token counts come from the server's usage chunk, times from the chunks' arrival."""
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True},
+    }
     started = time.perf_counter()
     token_times: list[float] = []
+    output_tokens = 0
     async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -42,13 +47,17 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
                 chunk = json.loads(line[6:])
                 if chunk["choices"] and chunk["choices"][0]["text"]:
                     token_times.append(time.perf_counter())
+                if chunk.get("usage"):
+                    output_tokens = chunk["usage"]["completion_tokens"]
     finished = time.perf_counter()
-    ttft = token_times[0] - started
+    if not token_times:
+        raise RuntimeError(f"a request of {len(prompt)} prompt tokens streamed no text")
     return {
-        "ttft": ttft,
-        "tpot": (finished - token_times[0]) / max(1, new_tokens - 1),
+        "ttft": token_times[0] - started,
+        "tpot": (finished - token_times[0]) / max(1, output_tokens - 1),
         "itl": [b - a for a, b in zip(token_times, token_times[1:])],
         "latency": finished - started,
+        "output_tokens": output_tokens,
     }
 
 
@@ -65,10 +74,13 @@ async def run_load(url: str, model: str, prompts: list[list[int]], new_tokens: i
     return results, time.perf_counter() - started
 
 
-def report(results: list[dict], elapsed: float, new_tokens: int) -> float:
-    output_tokens = new_tokens * len(results)
+def report(results: list[dict], elapsed: float) -> float:
+    output_tokens = sum(r["output_tokens"] for r in results)
     throughput = output_tokens / elapsed
-    print(f"requests        {len(results)} in {elapsed:.2f} s: {len(results) / elapsed:.2f} requests/s, {throughput:.1f} output tokens/s")
+    print(
+        f"requests        {len(results)} in {elapsed:.2f} s: {len(results) / elapsed:.2f} requests/s, "
+        f"{output_tokens} output tokens, {throughput:.1f} output tokens/s"
+    )
     for name, values in (
         ("TTFT", [r["ttft"] for r in results]),
         ("TPOT", [r["tpot"] for r in results]),
@@ -125,10 +137,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab-size", type=int, default=49152, help="prompt token ids are drawn below this (default: SmolLM2's)")
     parser.add_argument("--compare-offline", action="store_true")
     args = parser.parse_args()
 
-    prompts = standard_prompts(args.num_requests, seed=args.seed)
+    prompts = standard_prompts(args.num_requests, vocab_size=args.vocab_size, seed=args.seed)
     server = None
     url = args.url
     if url is None:
@@ -141,7 +154,7 @@ def main() -> None:
         if server is not None:
             server.terminate()
             server.wait(timeout=60)
-    served = report(results, elapsed, args.new_tokens)
+    served = report(results, elapsed)
     if args.compare_offline:
         offline = offline_throughput(args, prompts)
         print(f"offline engine  {offline:.1f} output tokens/s; through the server: {served / offline:.0%} of it")

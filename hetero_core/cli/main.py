@@ -1,4 +1,4 @@
-"""``hetero-infer``: generate, chat, run a batch, serve, list plugins."""
+"""``hetero-infer``: generate, chat, run a batch, serve, list plugins, benchmark."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import attrs
 
+from hetero_core.cli.bench import run_benchmark
 from hetero_core.cli.generate import batch, chat, one_shot
 from hetero_core.cli.options import add_engine_arguments, add_sampling_arguments, engine_config, generation_params
 from hetero_core.errors import EngineError
@@ -22,6 +24,7 @@ examples:
   hetero-infer --input-file prompts.jsonl --output-file results.jsonl
   hetero-infer serve --port 8000
   hetero-infer plugins
+  hetero-infer bench serve --rate 4       (also: bench throughput, bench attention; --help for each)
 """
 
 
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     params = generation_params(args)
     if not (args.input or args.chat or args.input_file):
-        raise EngineError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins)")
+        raise EngineError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins, bench)")
     from hetero_core.engine import InferenceEngine
 
     engine = InferenceEngine(config)
@@ -78,17 +81,37 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the benchmark programs parse their own options
+        configure_logging(quiet=True)
+        return guarded(lambda: run_benchmark(argv[1:]), debug="--debug" in argv)
     args = build_parser().parse_args(argv)
     configure_logging(debug=args.debug, quiet=not (args.debug or args.command == "serve" or args.serve))
+    return guarded(lambda: run(args), debug=args.debug)
+
+
+def guarded(action: Callable[[], int], *, debug: bool) -> int:
+    """Run ``action``; unless ``debug``, a failure is one line on stderr and a non-zero status, never a traceback.
+
+    Exit status 2 is a problem with the input (config, flags, files), 1 an internal fault, 130 Ctrl-C.
+    """
     try:
-        return run(args)
-    except EngineError as exc:
-        if args.debug:
-            raise
-        print(f"hetero-infer: error: {exc.message}", file=sys.stderr)
-        return 2
+        return action()
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if debug:
+            raise
+        print(f"hetero-infer: error: {describe(exc)}", file=sys.stderr)
+        return 2 if isinstance(exc, (EngineError, OSError)) else 1
+
+
+def describe(exc: Exception) -> str:
+    if isinstance(exc, EngineError):
+        return exc.message
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return f"{type(exc).__name__}: {exc} (run with --debug for the traceback)"
 
 
 if __name__ == "__main__":

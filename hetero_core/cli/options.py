@@ -8,20 +8,19 @@ from typing import Any
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
 
-# flag dest -> config key, for the engine flags that override the config file
-ENGINE_FLAGS = {
-    "block_size": "block_size",
-    "max_num_blocks": "max_num_blocks",
-    "max_batch_size": "max_batch_size",
-    "max_num_seqs": "max_num_seqs",
-    "max_model_len": "max_model_len",
-    "max_total_tokens": "max_total_tokens",
-    "memory_threshold": "memory_threshold",
-    "model": "model",
-    "tokenizer": "tokenizer",
-    "scheduler": "scheduler",
-    "seed": "seed",
-}
+# flags that override the config key of the same name
+ENGINE_FLAGS = (
+    "block_size",
+    "max_num_blocks",
+    "max_batch_size",
+    "max_num_seqs",
+    "max_model_len",
+    "max_total_tokens",
+    "memory_threshold",
+    "model",
+    "seed",
+)
+COMPONENT_FLAGS = ("tokenizer", "scheduler", "executor")  # a name; the file's options stay when the name is the same
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,13 +57,15 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The config file (or defaults) with every given flag applied on top."""
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig()
-    changes: dict[str, Any] = {key: getattr(args, dest) for dest, key in ENGINE_FLAGS.items() if getattr(args, dest) is not None}
-    if args.executor is not None or args.dtype is not None:
-        name = args.executor or config.executor.name
-        options = dict(config.executor.options) if name == config.executor.name else {}
-        if args.dtype is not None:
+    changes: dict[str, Any] = {key: getattr(args, key) for key in ENGINE_FLAGS if getattr(args, key) is not None}
+    for key in COMPONENT_FLAGS:
+        current = getattr(config, key)
+        name = getattr(args, key) or current.name
+        options = dict(current.options) if name == current.name else {}
+        if key == "executor" and args.dtype is not None:
             options["dtype"] = args.dtype
-        changes["executor"] = {"name": name, **options}
+        if (name, options) != (current.name, dict(current.options)):
+            changes[key] = {"name": name, **options}
     return config.evolve(**changes) if changes else config
 
 

@@ -17,13 +17,14 @@ from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.model_source import resolve_model_path
 from hetero_core.server.async_engine import AsyncEngine
-from hetero_core.server.errors import APIError, error_body, install_error_handlers
+from hetero_core.server.errors import APIError, error_body, install_error_handlers, internal_error_body
 from hetero_core.server.generation import Choice, Generation, Input
 from hetero_core.server.limits import BodySizeLimit
 from hetero_core.server.metrics import ServerMetrics
 from hetero_core.server.openai_format import SSE_DONE, chat_logprobs, completion_logprobs, envelope, finish_reason, sse
 from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
+API_KEY_ENV = "HETERO_API_KEY"  # the API key when the config names none
 DISCONNECT_POLL = 0.1  # seconds between checks that a non-streaming client is still there
 
 
@@ -49,7 +50,7 @@ def create_app(config: EngineConfig, backend: Any = None) -> FastAPI:
             backend = AsyncEngine(config)
     model_name = served_model_name(config)
     metrics = ServerMetrics(model_name, backend.engine_metrics)
-    api_key = config.server.api_key or os.environ.get("HETERO_API_KEY")
+    api_key = config.server.api_key or os.environ.get(API_KEY_ENV)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -73,7 +74,7 @@ def create_app(config: EngineConfig, backend: Any = None) -> FastAPI:
         if requested_model is not None and requested_model != model_name:
             raise APIError(404, f"the model {requested_model!r} does not exist; this server serves {model_name!r}", param="model", code="model_not_found")
         if backend.error is not None:
-            raise APIError(503, f"the model failed to load: {backend.error}")
+            raise APIError(503, f"the engine is unavailable: {backend.error}")
         if not backend.is_ready:
             raise APIError(503, "the model is still loading", headers={"Retry-After": "5"})
         return backend
@@ -88,7 +89,7 @@ def create_app(config: EngineConfig, backend: Any = None) -> FastAPI:
     async def readyz() -> JSONResponse:
         if backend.is_ready:
             return JSONResponse({"status": "ready"})
-        message = f"the model failed to load: {backend.error}" if backend.error else "the model is loading"
+        message = backend.error or "the model is loading"
         return JSONResponse({"status": "not ready", "detail": message}, status_code=503)
 
     @app.get("/metrics")
@@ -276,6 +277,9 @@ def _stream(generation: Generation, chunks: AsyncIterator[str]) -> StreamingResp
             yield SSE_DONE
         except APIError as exc:
             yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
+            yield SSE_DONE
+        except Exception as exc:  # a fault after the 200 went out: the client still gets an error event
+            yield sse(internal_error_body(exc))
             yield SSE_DONE
         finally:
             if not generation.is_finished:

@@ -70,6 +70,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
-        error_id = uuid.uuid4().hex[:12]
-        log.error("internal error", error_id=error_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        return respond(500, f"internal error (id {error_id})", code="internal_error")
+        return JSONResponse(internal_error_body(exc), status_code=500)
+
+
+def internal_error_body(exc: Exception) -> dict:
+    """Log an unexpected exception under a fresh id and describe it to the client by that id only."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error", error_id=error_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+    return error_body(500, f"internal error (id {error_id})", code="internal_error")

@@ -14,6 +14,8 @@ from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 from hetero_core.server.metrics import ServerMetrics
 
+REQUEST_ENDING = (FinishReason.ABORT, FinishReason.ERROR)  # the engine ends every sample of the request with these
+
 Input = tuple[str | Sequence[int] | None, Sequence[Mapping[str, Any]] | None]  # (prompt, messages)
 
 
@@ -43,6 +45,7 @@ class Generation:
         self.choices = [Choice(index=i) for i in range(len(inputs) * params.n)]
         self._submitted: list[str] = []
         self._started = time.monotonic()
+        self._first_token_time: dict[int, float] = {}
         self._last_token_time: dict[int, float] = {}
 
     def _engine_id(self, number: int) -> str:
@@ -70,6 +73,8 @@ class Generation:
         while not self.is_finished:
             number, delta = await self.queue.get()
             choice = self.choices[number * self.params.n + delta.index]
+            if choice.finish_reason is not None:  # already closed with its request's abort or error
+                continue
             choice.text += delta.text
             choice.token_ids.extend(delta.token_ids)
             choice.logprobs.extend(delta.logprobs or ())
@@ -78,6 +83,18 @@ class Generation:
             choice.error = delta.error
             self._observe(choice, delta)
             yield choice, delta
+            if delta.finish_reason in REQUEST_ENDING:
+                for sibling in self._end_siblings(number, delta):
+                    yield sibling, StreamDelta(self.request_id, sibling.index, "", [], finish_reason=delta.finish_reason, error=delta.error)
+
+    def _end_siblings(self, number: int, delta: StreamDelta) -> list[Choice]:
+        """An abort or an error ends the whole engine request: close the samples that never got their own final delta."""
+        siblings = self.choices[number * self.params.n : (number + 1) * self.params.n]
+        open_siblings = [c for c in siblings if c.finish_reason is None]
+        for sibling in open_siblings:
+            sibling.finish_reason, sibling.error = delta.finish_reason, delta.error
+            sibling.num_prompt_tokens = delta.num_prompt_tokens
+        return open_siblings
 
     async def wait(self) -> list[Choice]:
         async for _ in self.deltas():
@@ -85,6 +102,7 @@ class Generation:
         return self.choices
 
     def _observe(self, choice: Choice, delta: StreamDelta) -> None:
+        """Latency histograms, as tokens reach the client (vLLM's definitions)."""
         if self.metrics is None:
             return
         now = time.monotonic()
@@ -92,14 +110,16 @@ class Generation:
             previous = self._last_token_time.get(choice.index)
             if previous is None:
                 self.metrics.time_to_first_token.observe(now - self._started)
+                self._first_token_time[choice.index] = now
             else:
-                self.metrics.inter_token_latency.observe(now - previous)
+                self.metrics.observe_inter_token_latency(now - previous)
             self._last_token_time[choice.index] = now
         if delta.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.metrics.e2e_latency.observe(now - self._started)
-            first = self._last_token_time.get(choice.index)
+            first = self._first_token_time.get(choice.index)
             if len(choice.token_ids) > 1 and first is not None:
-                self.metrics.time_per_output_token.observe((now - self._started) / len(choice.token_ids))
+                last = self._last_token_time[choice.index]
+                self.metrics.request_time_per_output_token.observe((last - first) / (len(choice.token_ids) - 1))
 
     def usage(self) -> dict[str, int]:
         prompt_tokens = sum(self.choices[number * self.params.n].num_prompt_tokens for number in range(len(self.inputs)))

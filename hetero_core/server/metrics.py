@@ -72,6 +72,15 @@ class ServerMetrics:
             return Histogram(name, doc, ["model_name"], buckets=LATENCY_BUCKETS, registry=self.registry).labels(model_name)
 
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds", "Time to the first token.")
-        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Time between streamed tokens.")
-        self.time_per_output_token = histogram("vllm:time_per_output_token_seconds", "Mean time per output token of a request.")
+        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sample.")
+        self.time_per_output_token = histogram(
+            "vllm:time_per_output_token_seconds", "Time between consecutive tokens of a sample (older name of inter_token_latency)."
+        )
+        self.request_time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds", "Per sample: time from its first to its last token over the tokens after the first."
+        )
         self.e2e_latency = histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.")
+
+    def observe_inter_token_latency(self, seconds: float) -> None:
+        self.inter_token_latency.observe(seconds)
+        self.time_per_output_token.observe(seconds)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
+import os
 import signal
 from typing import Iterator
 
@@ -10,9 +12,18 @@ import structlog
 import uvicorn
 
 from hetero_core.config import EngineConfig
-from hetero_core.server.app import create_app
+from hetero_core.server.app import API_KEY_ENV, create_app
 
 log = structlog.get_logger()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 class DrainingServer(uvicorn.Server):
@@ -32,6 +43,8 @@ def serve(config: EngineConfig) -> None:
     """Serve until SIGINT/SIGTERM; in-flight requests then get up to ``server.drain_timeout`` seconds."""
     app = create_app(config)
     log.info("serving", host=config.server.host, port=config.server.port, backend=config.server.backend)
+    if not is_loopback(config.server.host) and not (config.server.api_key or os.environ.get(API_KEY_ENV)):
+        log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=config.server.host)
     uvicorn_config = uvicorn.Config(
         app,
         host=config.server.host,

@@ -27,6 +27,16 @@ def test_flags_override_the_config_file(tmp_path) -> None:
     assert config.block_size == 32  # from the file
     assert config.max_num_blocks == 7  # the flag wins
     assert config.executor.name == "torch" and config.executor.options == {"dtype": "bfloat16"}
+    assert config.scheduler.name == "fcfs" and config.seed == 0  # defaults where neither says
+
+
+def test_component_flags_keep_the_file_options_of_the_same_component(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"tokenizer": {"name": "huggingface", "path": "tok.json"}, "executor": {"name": "torch", "dtype": "float32"}}))
+    config = engine_config(build_parser().parse_args(["--config", str(path), "--tokenizer", "huggingface", "--executor", "mock", "--scheduler", "priority"]))
+    assert config.tokenizer.options == {"path": "tok.json"}
+    assert config.executor.name == "mock" and config.executor.options == {}  # torch's options do not apply to mock
+    assert config.scheduler.name == "priority"
 
 
 def test_one_shot_streams_and_summarises(capsys) -> None:
@@ -75,3 +85,28 @@ def test_plugins_lists_the_installed_components() -> None:
 def test_nothing_to_do_is_an_error(capsys) -> None:
     assert main([*MOCK]) == 2
     assert "nothing to do" in capsys.readouterr().err
+
+
+def test_file_problems_are_one_line_errors(tmp_path) -> None:
+    missing = run_cli("--input-file", str(tmp_path / "absent.txt"), *MOCK)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [f"hetero-infer: error: {tmp_path / 'absent.txt'}: No such file or directory"]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n{"prompt": broken\n')
+    malformed = run_cli("--input-file", str(prompts), *MOCK)
+    assert malformed.returncode == 2 and f"{prompts}:2: invalid JSON" in malformed.stderr
+    assert "Traceback" not in malformed.stderr
+
+
+def test_debug_shows_the_traceback() -> None:
+    result = run_cli("--input", "x", "--temperature", "9", "--debug", *MOCK)
+    assert result.returncode != 0 and "Traceback" in result.stderr and "ValidationError" in result.stderr
+
+
+def test_bench_runs_a_benchmark_program(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "serve", "--help"])
+    assert exit_info.value.code == 0
+    assert "--rate" in capsys.readouterr().out
+    assert main(["bench", "nonsense"]) == 2
+    assert "bench needs a benchmark name (serve, throughput, attention), got 'nonsense'" in capsys.readouterr().err

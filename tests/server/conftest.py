@@ -5,23 +5,28 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
 import uvicorn
 
 from hetero_core.config import EngineConfig
+from hetero_core.engine import InferenceEngine
 from hetero_core.server.app import create_app
+from hetero_core.server.async_engine import AsyncEngine
 
 
 class RunningServer:
-    def __init__(self, config: EngineConfig) -> None:
+    """``create_app`` served by uvicorn on a free loopback port; ``engine_factory`` replaces how the engine is built."""
+
+    def __init__(self, config: EngineConfig, *, engine_factory: Callable[[EngineConfig], InferenceEngine] | None = None) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         self.config = config.evolve(server={"host": "127.0.0.1", "port": port})
-        self.app = create_app(self.config)
+        backend = None if engine_factory is None else AsyncEngine(self.config, engine_factory=engine_factory)
+        self.app = create_app(self.config, backend)
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="error"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -31,16 +36,20 @@ class RunningServer:
         return self.app.state.backend.engine
 
     def __enter__(self) -> RunningServer:
+        return self.start()
+
+    def start(self, *, until: str = "/readyz") -> RunningServer:
+        """Serve, and return once ``until`` answers 200 (``/healthz`` to return before the engine is built)."""
         self.thread.start()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                if httpx.get(f"{self.url}{until}").status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
-        raise RuntimeError("the server did not become ready")
+        raise RuntimeError(f"the server did not answer {until}")
 
     def __exit__(self, *_exc: Any) -> None:
         self.server.should_exit = True
@@ -53,9 +62,9 @@ def mock_server_config(**overrides: Any) -> EngineConfig:
     return EngineConfig.from_mapping(values)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_server() -> Iterator[RunningServer]:
-    """The embedded SmolLM2 in float32 (deterministic greedy answers)."""
+    """The embedded SmolLM2 in float32 (deterministic greedy answers), loaded once for every module."""
     config = EngineConfig(executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, server={"model_name": "smollm2"})
     with RunningServer(config) as server:
         yield server

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -41,18 +42,16 @@ async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str) ->
 
 def test_32_concurrent_streams_get_complete_correct_answers(model_server) -> None:
     prompts = [f"Count from {i} to {i + 5}:" for i in range(32)]
-    expected = [
-        httpx.post(f"{model_server.url}/v1/completions", json={"prompt": p, "max_tokens": 12, "temperature": 0}, timeout=120).json()["choices"][0]
-        for p in prompts[:4]
-    ]
+    whole = httpx.post(f"{model_server.url}/v1/completions", json={"prompt": prompts, "max_tokens": 12, "temperature": 0}, timeout=300)
+    expected = sorted(whole.json()["choices"], key=lambda c: c["index"])
 
     async def run_all():
         async with httpx.AsyncClient(timeout=300) as client:
             return await asyncio.gather(*(stream_completion(client, model_server.url, p) for p in prompts))
 
     results = asyncio.run(run_all())
-    assert [(t, r) for t, r in results[:4]] == [(e["text"], e["finish_reason"]) for e in expected]
-    assert all(reason in ("stop", "length") for _, reason in results)
+    assert results == [(e["text"], e["finish_reason"]) for e in expected]
+    assert all(reason in ("stop", "length") and text for text, reason in results)
     assert model_server.engine.get_memory_stats().used_blocks == 0
 
 
@@ -84,14 +83,27 @@ def test_disconnecting_clients_free_their_blocks(mock_server) -> None:
 
 def test_metrics_count_what_was_served(mock_server) -> None:
     url = mock_server.url
-    before = metric(url, "vllm:generation_tokens_total")
-    finished_before = metric(url, "vllm:request_success_total", finished_reason="length")
+    counters = {
+        "generation": ("vllm:generation_tokens_total", {}),
+        "prompt": ("vllm:prompt_tokens_total", {}),
+        "length": ("vllm:request_success_total", {"finished_reason": "length"}),
+        "ttft": ("vllm:time_to_first_token_seconds_count", {}),
+        "itl": ("vllm:inter_token_latency_seconds_count", {}),
+        "tpot": ("vllm:time_per_output_token_seconds_count", {}),
+        "request_tpot": ("vllm:request_time_per_output_token_seconds_count", {}),
+        "e2e": ("vllm:e2e_request_latency_seconds_count", {}),
+    }
+    before = {key: metric(url, name, **labels) for key, (name, labels) in counters.items()}
     for _ in range(3):
-        assert httpx.post(f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 7, "temperature": 0}).status_code == 200
-    assert metric(url, "vllm:generation_tokens_total") == before + 21
-    assert metric(url, "vllm:request_success_total", finished_reason="length") == finished_before + 3
-    assert metric(url, "vllm:time_to_first_token_seconds_count") >= 3
-    assert metric(url, "vllm:num_requests_running") == 0
+        response = httpx.post(f"{url}/v1/completions", json={"prompt": "abc", "max_tokens": 7, "temperature": 0})
+        assert response.status_code == 200
+    prompt_tokens = response.json()["usage"]["prompt_tokens"]
+    grown = {key: metric(url, name, **labels) - before[key] for key, (name, labels) in counters.items()}
+    assert grown == {
+        "generation": 21, "prompt": 3 * prompt_tokens, "length": 3, "ttft": 3, "itl": 18, "tpot": 18, "request_tpot": 3, "e2e": 3
+    }
+    assert metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:num_requests_waiting") == 0
+    assert 0 <= metric(url, "vllm:kv_cache_usage_perc") <= 1
 
 
 @pytest.mark.parametrize(
@@ -121,21 +133,46 @@ def test_oversized_body_is_refused(mock_server) -> None:
     assert "larger than" in response.json()["error"]["message"]
 
 
-def test_api_key_and_a_full_queue() -> None:
-    config = mock_server_config(max_waiting_requests=1, server={"api_key": "sekret"})
+def test_api_key() -> None:
+    config = mock_server_config(server={"api_key": "sekret"})
     with RunningServer(config) as server:
         url = server.url
         assert httpx.get(f"{url}/v1/models").status_code == 401
         assert httpx.get(f"{url}/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
         assert httpx.get(f"{url}/healthz").status_code == 200
-        headers = {"authorization": "Bearer sekret"}
-        assert httpx.get(f"{url}/v1/models", headers=headers).status_code == 200
-        server.engine.scheduler.waiting.append(object())  # hold the only waiting place
-        try:
-            response = httpx.post(f"{url}/v1/completions", json={"prompt": "x"}, headers=headers)
-        finally:
-            server.engine.scheduler.waiting.clear()
-        assert response.status_code == 503 and response.headers["retry-after"]
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": "Bearer sekret"}).status_code == 200
+        with pytest.raises(openai.AuthenticationError, match="invalid API key"):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        assert openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0).models.list().data
+
+
+def test_a_full_waiting_queue_answers_503_with_retry_after() -> None:
+    config = mock_server_config(
+        executor={"name": "mock", "vocab_size": 128, "step_latency": 0.01}, max_num_seqs=1, max_waiting_requests=1
+    )
+    with RunningServer(config) as server:
+        url, metrics = server.url, server.engine.metrics
+
+        async def until(condition) -> None:
+            deadline = time.monotonic() + 10
+            while not condition() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        async def run():
+            async with httpx.AsyncClient(timeout=30) as client:
+                long_body = {"prompt": "x", "max_tokens": 300}
+                running = asyncio.create_task(client.post(f"{url}/v1/completions", json=long_body))
+                await until(lambda: metrics.num_running == 1)  # it holds the only sequence slot
+                waiting = asyncio.create_task(client.post(f"{url}/v1/completions", json=long_body))
+                await until(lambda: metrics.num_waiting == 1)  # ... and this one the only waiting place
+                refused = await client.post(f"{url}/v1/completions", json={"prompt": "z"})
+                running.cancel()
+                waiting.cancel()
+                return refused
+
+        refused = asyncio.run(run())
+        assert refused.status_code == 503 and refused.headers["retry-after"]
+        assert "waiting queue is full" in refused.json()["error"]["message"]
 
 
 def test_tokenize_round_trip(mock_server) -> None:
@@ -157,3 +194,30 @@ def test_command_bridge() -> None:
         assert failing.status_code == 502 and "exited with status 3" in failing.json()["error"]["message"]
         slow = httpx.post(f"{server.url}/v1/completions", json={"prompt": "SLEEP"}, timeout=10)
         assert slow.status_code == 502 and "timed out" in slow.json()["error"]["message"]
+
+
+def test_command_bridge_without_its_program_answers_502() -> None:
+    config = mock_server_config(server={"backend": "command_bridge", "command": ["/nonexistent/bridge-program"]})
+    with RunningServer(config) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 502
+        assert "cannot run '/nonexistent/bridge-program'" in response.json()["error"]["message"]
+
+
+def test_command_bridge_runs_at_most_command_concurrency_programs() -> None:
+    config = mock_server_config(
+        server={"backend": "command_bridge", "command": [sys.executable, str(BRIDGE)], "command_timeout": 1.5, "command_concurrency": 1}
+    )
+    with RunningServer(config) as server:
+
+        async def run():
+            async with httpx.AsyncClient(timeout=30) as client:
+                hanging = asyncio.create_task(client.post(f"{server.url}/v1/completions", json={"prompt": "SLEEP"}))
+                await asyncio.sleep(0.5)  # the hanging program holds the only slot
+                started = time.monotonic()
+                quick = await client.post(f"{server.url}/v1/completions", json={"prompt": "ping"})
+                return await hanging, quick, time.monotonic() - started
+
+        hanging, quick, waited = asyncio.run(run())
+        assert hanging.status_code == 502 and quick.status_code == 200
+        assert waited >= 0.9  # it ran only once the hanging program was killed at its timeout

@@ -1,0 +1,133 @@
+"""Readiness and faults: a slow or failed engine build, a failing executor, a faulty engine step."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from hetero_core.builtin.mock_executor import MockExecutor
+from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError
+from hetero_core.engine import InferenceEngine
+from hetero_core.hookspecs import hookimpl
+from hetero_core.plugins import create_plugin_manager
+
+from .conftest import RunningServer, mock_server_config
+
+POISON = [7, 7, 7, 7]  # a prompt the failing executor refuses
+
+
+class FailingExecutor(MockExecutor):
+    """The mock executor, except that every batch holding a POISON prompt raises."""
+
+    def execute(self, batch: Any) -> Any:
+        if any(s.all_token_ids[: len(POISON)] == POISON for s in batch.sequences):
+            raise RuntimeError("injected executor fault")
+        return super().execute(batch)
+
+
+class FailingExecutorPlugin:
+    @hookimpl
+    def register_executors(self, register) -> None:
+        register("failing", FailingExecutor)
+
+
+class StumblingEngine(InferenceEngine):
+    """An engine whose next ``faults`` steps raise, as a bug in a component would."""
+
+    faults = 0
+
+    def step(self):
+        if self.faults:
+            self.faults -= 1
+            raise RuntimeError("injected step fault")
+        return super().step()
+
+
+def stream_events(url: str, body: dict) -> list[Any]:
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as response:
+        assert response.status_code == 200
+        return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]" for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_readyz_is_503_until_the_engine_is_built() -> None:
+    built = threading.Event()
+
+    def slow_build(config: EngineConfig) -> InferenceEngine:
+        built.wait(30)
+        return InferenceEngine(config)
+
+    server = RunningServer(mock_server_config(), engine_factory=slow_build).start(until="/healthz")
+    try:
+        assert httpx.get(f"{server.url}/readyz").status_code == 503
+        loading = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"})
+        assert loading.status_code == 503 and loading.headers["retry-after"]
+        built.set()
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{server.url}/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    finally:
+        server.__exit__()
+
+
+def test_an_engine_that_fails_to_build_is_reported() -> None:
+    def broken_build(config: EngineConfig) -> InferenceEngine:
+        raise ConfigError("model file /models/absent.gguf not found", param="model")
+
+    server = RunningServer(mock_server_config(), engine_factory=broken_build).start(until="/healthz")
+    try:
+        deadline = time.monotonic() + 10
+        while "absent.gguf" not in httpx.get(f"{server.url}/readyz").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ready = httpx.get(f"{server.url}/readyz")
+        assert ready.status_code == 503 and "model file /models/absent.gguf not found" in ready.json()["detail"]
+        refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"})
+        assert refused.status_code == 503 and "the model failed to load" in refused.json()["error"]["message"]
+    finally:
+        server.__exit__()
+
+
+def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -> None:
+    def build(config: EngineConfig) -> InferenceEngine:
+        pm = create_plugin_manager(entry_points=False)
+        pm.register(FailingExecutorPlugin())
+        pm.load_setuptools_entrypoints("hetero_infer")  # the scheduler and allocator plugins
+        return InferenceEngine(config, plugin_manager=pm)
+
+    config = mock_server_config(executor={"name": "failing", "vocab_size": 128}, max_retry_attempts=1)
+    with RunningServer(config, engine_factory=build) as server:
+        url = server.url
+        bad = httpx.post(f"{url}/v1/completions", json={"prompt": POISON, "max_tokens": 20, "n": 3}, timeout=30)
+        assert bad.status_code == 500  # every one of the n=3 samples ended, none left waiting
+        assert "injected executor fault" in bad.json()["error"]["message"]
+        events = stream_events(url, {"prompt": POISON, "max_tokens": 5})
+        assert events[-1] == "[DONE]" and "injected executor fault" in events[-2]["error"]["message"]
+        good = httpx.post(f"{url}/v1/completions", json={"prompt": "fine", "max_tokens": 20, "temperature": 0}, timeout=30)
+        assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 20
+        assert server.engine.get_memory_stats().used_blocks == 0
+
+
+def test_a_faulty_step_fails_what_is_in_flight_then_the_engine_goes_out_of_service() -> None:
+    config = mock_server_config()
+    with RunningServer(config, engine_factory=StumblingEngine) as server:
+        url = server.url
+        body = {"prompt": "abc", "max_tokens": 5}
+        server.engine.faults = 1
+        failed = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert failed.status_code == 500 and "internal error (id " in failed.json()["error"]["message"]
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200  # one fault is survived
+        assert httpx.get(f"{url}/readyz").status_code == 200
+
+        server.engine.faults = 100
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 500
+        deadline = time.monotonic() + 10  # the aborted request's own steps keep failing: three in a row
+        while httpx.get(f"{url}/readyz").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert httpx.get(f"{url}/readyz").status_code == 503
+        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert refused.status_code == 503 and "failed steps in a row" in refused.json()["error"]["message"]
