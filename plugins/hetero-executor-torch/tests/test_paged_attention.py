@@ -1,0 +1,132 @@
+"""Paged attention: logits must not depend on how a sequence is split into steps or where its blocks live."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetero_core.batch import BlockCopy, ExecutionBatch, ScheduledSequence
+from hetero_core.config import EngineConfig
+from hetero_core.params import GenerationParams
+from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 48
+LENGTH = 23  # six blocks, the last one partly filled
+GREEDY = GenerationParams(temperature=0.0, max_tokens=4)
+TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+
+
+class RecordingSampler:
+    """Keeps the logits each sequence was sampled from, then samples as usual."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+        self.logits: dict[int, torch.Tensor] = {}
+
+    def __call__(self, logits: torch.Tensor, seqs):
+        for row, seq in zip(logits, seqs):
+            self.logits[seq.seq_id] = row.clone()
+        return self.sampler(logits, seqs)
+
+
+@pytest.fixture(scope="module")
+def executor(tiny_model) -> TorchExecutor:
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32")
+    executor.initialize_cache(NUM_BLOCKS, BLOCK_SIZE)
+    executor.sampler = RecordingSampler(executor.sampler)
+    return executor
+
+
+@pytest.fixture(scope="module")
+def tokens() -> list[int]:
+    rng = random.Random(5)
+    return [rng.randrange(259) for _ in range(LENGTH)]
+
+
+@pytest.fixture(scope="module")
+def reference(executor, tokens) -> torch.Tensor:
+    """Logits at every position from one causal pass over the whole sequence, without reading the cache."""
+    slots = torch.arange(LENGTH)  # blocks 0..5: never handed to the sequences below
+    attention = AttentionInputs(slots, 0, [], [PrefillSpan(0, LENGTH, LENGTH, None, None)])
+    with torch.inference_mode():
+        return executor.model.forward(torch.tensor(tokens), torch.arange(LENGTH), attention, executor.kv_caches, torch.arange(LENGTH))
+
+
+def step(executor: TorchExecutor, seq_id: int, tokens: list[int], start: int, count: int, table: list[int], copies=()) -> None:
+    """Compute ``tokens[start:start + count]`` of one sequence, sampling after its last token."""
+    seq = ScheduledSequence(seq_id, tokens[start : start + count], start, table, True, GREEDY, tokens[: start + count], start + count, None)
+    executor.execute(ExecutionBatch([seq], BLOCK_SIZE, list(copies)))
+
+
+def scattered_table(rng: random.Random, length: int) -> list[int]:
+    """Distinct blocks in shuffled order, away from the reference's blocks 0..5."""
+    return rng.sample(range(8, NUM_BLOCKS), -(-length // BLOCK_SIZE))
+
+
+def poison(executor: TorchExecutor, blocks: list[int]) -> None:
+    """Fill blocks with large values, so reading a slot that was never written cannot go unnoticed."""
+    for k_cache, v_cache in executor.kv_caches:
+        k_cache[blocks] = 50.0
+        v_cache[blocks] = -50.0
+
+
+def test_whole_prefill_matches_the_reference_at_its_last_token(executor, tokens, reference) -> None:
+    table = scattered_table(random.Random(0), LENGTH)
+    poison(executor, table)
+    step(executor, 1, tokens, 0, LENGTH, table)
+    torch.testing.assert_close(executor.sampler.logits[1], reference[-1], **TOLERANCE)
+
+
+def test_token_by_token_decode_matches_the_reference_everywhere(executor, tokens, reference) -> None:
+    table = scattered_table(random.Random(1), LENGTH)
+    poison(executor, table)
+    for position in range(LENGTH):
+        step(executor, 2, tokens, position, 1, table)
+        torch.testing.assert_close(executor.sampler.logits[2], reference[position], **TOLERANCE)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.sets(st.integers(1, LENGTH - 1), max_size=6), shuffle_seed=st.integers(0, 2**16))
+def test_chunked_prefill_matches_the_reference_at_every_chunk_end(executor, tokens, reference, cuts, shuffle_seed) -> None:
+    table = scattered_table(random.Random(shuffle_seed), LENGTH)
+    poison(executor, table)
+    bounds = [0, *sorted(cuts), LENGTH]
+    for start, end in zip(bounds, bounds[1:]):
+        step(executor, 3, tokens, start, end - start, table)
+        torch.testing.assert_close(executor.sampler.logits[3], reference[end - 1], **TOLERANCE)
+
+
+def test_prefill_and_decodes_in_one_batch_match_the_reference(executor, tokens, reference) -> None:
+    """Decodes of different lengths and a cached chunk share a step; each still sees only its own blocks."""
+    blocks = scattered_table(random.Random(2), 3 * LENGTH)  # distinct: one sequence must not write another's blocks
+    per_sequence = len(blocks) // 3
+    tables = {seq_id: blocks[i * per_sequence : (i + 1) * per_sequence] for i, seq_id in enumerate((10, 11, 12))}
+    poison(executor, [b for t in tables.values() for b in t])
+    step(executor, 10, tokens, 0, 9, tables[10])
+    step(executor, 11, tokens, 0, 17, tables[11])
+    step(executor, 12, tokens, 0, 5, tables[12])
+    batch = [
+        ScheduledSequence(10, tokens[9:10], 9, tables[10], True, GREEDY, tokens[:10], 10, None),
+        ScheduledSequence(11, tokens[17:18], 17, tables[11], True, GREEDY, tokens[:18], 18, None),
+        ScheduledSequence(12, tokens[5:20], 5, tables[12], True, GREEDY, tokens[:20], 20, None),
+    ]
+    executor.execute(ExecutionBatch(batch, BLOCK_SIZE))
+    for seq_id, position in ((10, 9), (11, 17), (12, 19)):
+        torch.testing.assert_close(executor.sampler.logits[seq_id], reference[position], **TOLERANCE)
+
+
+def test_block_copies_happen_before_the_forward_pass(executor, tokens, reference) -> None:
+    """A fork whose partly filled last block is copied on write continues as if it held the original."""
+    table = scattered_table(random.Random(3), 10)  # 10 tokens: the third block holds two
+    spare = next(b for b in range(8, NUM_BLOCKS) if b not in table)
+    poison(executor, [*table, spare])
+    step(executor, 20, tokens, 0, 10, table)
+    forked = [*table[:2], spare]
+    step(executor, 21, tokens, 10, 1, forked, copies=[BlockCopy(table[2], spare)])
+    torch.testing.assert_close(executor.sampler.logits[21], reference[10], **TOLERANCE)
