@@ -295,7 +295,23 @@ class InferenceEngine:
         self.scheduler.remove(seq)
 
     def _end_request(self, request: Request, reason: FinishReason, finished: list[Request]) -> None:
-        """Finish every unfinished sample of ``request`` with ``reason`` (abort or error)."""
+        """Finish every unfinished sample of ``request`` with ``reason`` (abort or error).
+
+        Samples not yet forked off the prompt are created finished, so each of
+        the ``n`` samples still gets its final delta and its output.
+        """
+        for parent in list(request.sequences):
+            for _ in range(parent.pending_forks):
+                request.sequences.append(
+                    Sequence(
+                        seq_id=self.scheduler.new_seq_id(),
+                        request=request,
+                        index=len(request.sequences),
+                        token_ids=list(parent.prompt_token_ids),
+                        num_prompt_tokens=parent.num_prompt_tokens,
+                    )
+                )
+            parent.pending_forks = 0
         for seq in request.sequences:
             if not seq.is_finished:
                 seq.finish_reason = reason

@@ -117,6 +117,20 @@ def test_abort_frees_every_block(make_engine, state: str) -> None:
     assert not engine.has_pending_work()
 
 
+@pytest.mark.parametrize("steps_before", [0, 1])
+def test_aborting_before_the_samples_fork_still_ends_every_sample(make_engine, steps_before: int) -> None:
+    engine = make_engine()
+    deltas: list = []
+    request_id = engine.submit_request("a prompt long enough to take a few chunks", GenerationParams(n=3, max_tokens=5), on_output=deltas.append)
+    for _ in range(steps_before):
+        engine.step()
+    engine.abort_request(request_id)
+    record = engine.run()[0]
+    assert sorted(d.index for d in deltas if d.finish_reason is FinishReason.ABORT) == [0, 1, 2]
+    assert [o.index for o in record.outputs] == [0, 1, 2]
+    assert engine.get_memory_stats().used_blocks == 0
+
+
 def test_submit_rejects_what_could_never_run(make_engine) -> None:
     engine = make_engine(max_model_len=64, max_num_blocks=8, block_size=4, max_waiting_requests=2)
     with pytest.raises(ValidationError, match="exceed the maximum context length of 64"):
