@@ -1,105 +1,134 @@
-"""Decode attention over a paged KV cache: Numba kernels against the torch gather + SDPA path.
+"""Decode attention over a paged KV cache: the Numba kernels against the torch gather + SDPA path.
 
-    python benchmarks/attention.py [--batch 32] [--contexts 256 1024 2048]
+    python benchmarks/attention.py [--batch 32] [--contexts 128 256 512 1024 2048] [--threads 2]
 
-SmolLM2's attention shape (9 heads, 3 KV heads, head size 64), block size 16.
-On the CPU: the Numba CPU kernel and the torch path, float32. On a CUDA GPU
-(when present): the Numba CUDA kernel's achieved K/V read bandwidth, as a
-fraction of the device's measured copy bandwidth.
+SmolLM2's attention shape (9 heads, 3 KV heads, head size 64), block size 16,
+every sequence at the same context length, physical blocks shuffled.
+
+On the CPU (float32): the Numba CPU kernel and the torch path (index_select
+of the blocks, then scaled_dot_product_attention with a length mask), median
+wall time and the K/V bytes each kernel must read per second. On a CUDA GPU,
+when present: the Numba CUDA decode kernel's achieved K/V read bandwidth
+(float16 and float32 caches) against the device's measured copy bandwidth.
+GPU times are averaged over back-to-back launches between CUDA events; at
+short contexts they include the Python launch cost, so they understate the
+kernel's bandwidth there.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
+import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 9, 3, 64, 16
+SCALE = HEAD_SIZE**-0.5
 
 
-def timed(function, repeats: int) -> float:
+def median_seconds(function, repeats: int) -> float:
     function()
-    started = time.perf_counter()
+    samples = []
     for _ in range(repeats):
+        started = time.perf_counter()
         function()
-    return (time.perf_counter() - started) / repeats
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
 
 
 def problem(batch: int, context: int, device: str, dtype=torch.float32):
     blocks_per_seq = -(-context // BLOCK)
     num_blocks = batch * blocks_per_seq
-    k_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_SIZE, dtype=dtype, device=device)
+    k_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_SIZE, device=device).to(dtype)
     v_cache = torch.randn_like(k_cache)
     tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
     lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
-    query = torch.randn(batch, HEADS, HEAD_SIZE, dtype=dtype, device=device)
+    query = torch.randn(batch, HEADS, HEAD_SIZE, device=device)
     return query, k_cache, v_cache, tables, lengths
 
 
+def kv_bytes(batch: int, context: int, element_size: int) -> int:
+    return 2 * batch * context * KV_HEADS * HEAD_SIZE * element_size
+
+
 def torch_path(query, k_cache, v_cache, tables, lengths):
+    """Gather every sequence's blocks into contiguous K/V, then masked SDPA (grouped-query)."""
     batch = query.shape[0]
     keys = k_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2)
     values = v_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2)
     mask = (torch.arange(keys.shape[2], device=query.device)[None, :] < lengths[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=mask, enable_gqa=True).squeeze(2)
+    return F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True).squeeze(2)
 
 
-def cpu_benchmark(batch: int, contexts: list[int]) -> None:
+def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
     from hetero_kernels import cpu
 
-    print(f"CPU, batch {batch}, float32, {torch.get_num_threads()} threads")
+    print(f"CPU, batch {batch}, float32, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
     for context in contexts:
         query, k_cache, v_cache, tables, lengths = problem(batch, context, "cpu")
         out = np.zeros(query.shape, dtype=np.float32)
         arrays = (query.numpy(), k_cache.numpy(), v_cache.numpy(), tables.numpy(), lengths.numpy())
-        numba_time = timed(lambda: cpu.paged_decode_attention(out, *arrays, HEAD_SIZE**-0.5), 5)
-        torch_time = timed(lambda: torch_path(query, k_cache, v_cache, tables, lengths), 5)
-        print(f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms   torch gather+SDPA {torch_time * 1e3:7.2f} ms")
+        numba_time = median_seconds(lambda: cpu.paged_decode_attention(out, *arrays, SCALE), repeats)
+        torch_time = median_seconds(lambda: torch_path(query, k_cache, v_cache, tables, lengths), repeats)
+        error = np.abs(out - torch_path(query, k_cache, v_cache, tables, lengths).numpy()).max()
+        size = kv_bytes(batch, context, 4)
+        print(
+            f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms ({size / numba_time / 1e9:5.1f} GB/s)"
+            f"   torch gather+SDPA {torch_time * 1e3:7.2f} ms ({size / torch_time / 1e9:5.1f} GB/s)"
+            f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
+        )
+
+
+def gpu_seconds(function, repeats: int) -> float:
+    """Mean time per call of ``repeats`` back-to-back calls, between CUDA events."""
+    function()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        function()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeats
 
 
 def cuda_benchmark(batch: int, contexts: list[int]) -> None:
     from hetero_kernels import cuda as kernels
 
-    source = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
-    torch.cuda.synchronize()
-    copy_time = timed(lambda: (target.copy_(source), torch.cuda.synchronize()), 20)
-    copy_bandwidth = 2 * source.numel() / copy_time  # read + write
-    print(f"CUDA {torch.cuda.get_device_name()}: copy bandwidth {copy_bandwidth / 1e9:.0f} GB/s")
+    copy_bandwidth = 2 * source.numel() / gpu_seconds(lambda: target.copy_(source), 10)  # read + write
+    del source, target
+    print(f"CUDA {torch.cuda.get_device_name()}: copy bandwidth {copy_bandwidth / 1e9:.0f} GB/s (read + write)")
     for dtype in (torch.float16, torch.float32):
         for context in contexts:
             query, k_cache, v_cache, tables, lengths = problem(batch, context, "cuda", dtype)
             out = torch.empty(query.shape, dtype=torch.float32, device="cuda")
-            q = query.float()
-
-            def run():
-                kernels.paged_decode_attention(out, q, k_cache, v_cache, tables, lengths, HEAD_SIZE**-0.5)
-                torch.cuda.synchronize()
-
-            elapsed = timed(run, 20)
-            expected = torch_path(q, k_cache.float(), v_cache.float(), tables, lengths)
+            elapsed = gpu_seconds(lambda: kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lengths, SCALE), 50)
+            expected = torch_path(query, k_cache.float(), v_cache.float(), tables, lengths)
             error = (out - expected).abs().max().item()
-            kv_bytes = 2 * batch * context * KV_HEADS * HEAD_SIZE * k_cache.element_size()
-            bandwidth = kv_bytes / elapsed
+            bandwidth = kv_bytes(batch, context, k_cache.element_size()) / elapsed
             print(
                 f"  {str(dtype):14s} context {context:6d}: {elapsed * 1e6:8.1f} us, K/V {bandwidth / 1e9:7.1f} GB/s"
-                f" = {bandwidth / copy_bandwidth:5.1%} of copy; max error vs torch {error:.1e}"
+                f" = {bandwidth / copy_bandwidth:5.1%} of copy; max difference from torch {error:.1e}"
             )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--contexts", type=int, nargs="+", default=[256, 1024, 2048])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and numba")
+    parser.add_argument("--repeats", type=int, default=9, help="timed CPU runs per measurement (the median is shown)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     if torch.cuda.is_available():
         cuda_benchmark(args.batch, args.contexts + [8192, 32768])
-    cpu_benchmark(args.batch, args.contexts)
+    cpu_benchmark(args.batch, args.contexts, args.repeats)
 
 
 if __name__ == "__main__":

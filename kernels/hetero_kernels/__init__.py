@@ -1,13 +1,28 @@
-"""Paged attention over a block-paged KV cache: ``reference`` (numpy), ``cpu`` (Numba) and ``cuda`` (Numba CUDA).
+"""Paged attention over a block-paged KV cache, three ways with the same functions.
 
-Every implementation has the same three functions with the same arguments:
-``write_kv``, ``paged_decode_attention`` and ``paged_prefill_attention``.
-The KV cache of a layer is ``k_cache``/``v_cache`` of shape
-``[num_blocks, block_size, num_kv_heads, head_size]``; position ``p`` of a
-sequence with block table ``bt`` is at ``[bt[p // block_size], p % block_size]``.
-``hetero_kernels.cuda`` is imported on demand (it needs numba-cuda).
+``reference`` (numpy, float64, the definition), ``cpu`` (Numba, parallel) and
+``cuda`` (Numba CUDA) each provide ``write_kv``, ``paged_decode_attention``
+and ``paged_prefill_attention`` with the same arguments. The KV cache of a
+layer is ``k_cache``/``v_cache`` of shape ``[num_blocks, block_size,
+num_kv_heads, head_size]``; position ``p`` of a sequence with block table
+``bt`` is at ``[bt[p // block_size], p % block_size]``.
+
+``cuda`` is imported on first use: importing ``numba.cuda`` fixes whether the
+CUDA simulator is in use (``NUMBA_ENABLE_CUDASIM``), which must stay the
+caller's choice.
 """
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
 
 from hetero_kernels import cpu, reference
 
-__all__ = ["cpu", "reference"]
+__all__ = ["cpu", "cuda", "reference"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name == "cuda":
+        return importlib.import_module("hetero_kernels.cuda")
+    raise AttributeError(f"module 'hetero_kernels' has no attribute {name!r}")

@@ -1,0 +1,56 @@
+"""Arrays and streams for the CUDA kernels: numba device arrays, numpy arrays, or torch CUDA tensors.
+
+torch is never imported here: a torch tensor can only be passed in once torch
+is already loaded, so ``sys.modules`` tells whether an argument is one.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+
+def _torch_cuda_tensor(array: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(array, torch.Tensor) and array.is_cuda
+
+
+def device_array(array: Any) -> Any:
+    """What a kernel launch accepts: numba device arrays and numpy arrays as they are,
+    anything else with ``__cuda_array_interface__`` (torch CUDA tensors) wrapped without a copy.
+
+    The wrap does not synchronise the producer's stream: the kernels run on that
+    same stream (see :class:`LaunchContext`), which already orders them after it.
+    """
+    if isinstance(array, np.ndarray) or hasattr(array, "copy_to_host"):
+        return array
+    return cuda.as_cuda_array(array, sync=False)
+
+
+class LaunchContext:
+    """The stream to launch on, and where scratch memory comes from, for one call.
+
+    Given torch tensors, kernels go on torch's current stream (ordered after
+    the torch ops that produced the inputs, no host sync) and scratch comes
+    from torch's caching allocator; otherwise the default stream and numba.
+    """
+
+    def __init__(self, *arrays: Any) -> None:
+        self._torch_like = next((a for a in arrays if _torch_cuda_tensor(a)), None)
+        if self._torch_like is not None:
+            import torch
+
+            self.stream = cuda.external_stream(torch.cuda.current_stream(self._torch_like.device).cuda_stream)
+        else:
+            self.stream = 0
+
+    def empty(self, shape: tuple[int, ...]) -> Any:
+        """An uninitialised float32 device array."""
+        if self._torch_like is not None:
+            import torch
+
+            return cuda.as_cuda_array(torch.empty(shape, dtype=torch.float32, device=self._torch_like.device), sync=False)
+        return cuda.device_array(shape, dtype=np.float32, stream=self.stream)
