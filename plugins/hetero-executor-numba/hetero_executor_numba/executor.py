@@ -26,14 +26,31 @@ def simulator_enabled() -> bool:
 
 
 class NumbaCudaExecutor(TorchExecutor):
-    """Options as the ``torch`` executor's (``dtype``, ``kv_cache_dtype``, ``device``, ``num_threads``).
+    """Options as the ``torch`` executor's (``dtype``, ``kv_cache_dtype``, ``device``, ``num_threads``,
+    ``decode_graphs``: the kernels launch on torch's stream, so a CUDA graph records them with the rest).
 
     ``dtype`` auto is float16 here: the kernels read float16 or float32 caches
     (numba has no bfloat16), accumulating in float32.
     """
 
-    def __init__(self, config: Any, dtype: str = "auto", kv_cache_dtype: str = "auto", device: str = "auto", num_threads: int | None = None) -> None:
-        super().__init__(config, dtype=self._dtype(dtype), kv_cache_dtype=kv_cache_dtype, device=device, num_threads=num_threads, attention="numba")
+    def __init__(
+        self,
+        config: Any,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        device: str = "auto",
+        num_threads: int | None = None,
+        decode_graphs: bool | str = "auto",
+    ) -> None:
+        super().__init__(
+            config,
+            dtype=self._dtype(dtype),
+            kv_cache_dtype=kv_cache_dtype,
+            device=device,
+            num_threads=num_threads,
+            attention="numba",
+            decode_graphs=decode_graphs,
+        )
         if self.kv_cache_dtype == torch.bfloat16:
             raise ConfigError("the Numba CUDA kernels read float16 or float32 KV caches, not bfloat16", param="kv_cache_dtype")
 

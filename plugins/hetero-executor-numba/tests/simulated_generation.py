@@ -1,4 +1,7 @@
-"""Run with NUMBA_ENABLE_CUDASIM=1: greedy tokens of the numba-cuda executor on a tiny model, as JSON."""
+"""Run with NUMBA_ENABLE_CUDASIM=1: greedy tokens of the numba-cuda executor on a tiny model, as JSON.
+
+Arguments: the model folder, the prompts (JSON) and whether decode steps replay from graphs.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +14,9 @@ from hetero_kernels import cuda as kernels
 
 kernels.configure(tile=16)  # the simulator runs each GPU thread as a Python thread: keep blocks small
 
-model, prompts = sys.argv[1], json.loads(sys.argv[2])
+model, prompts, decode_graphs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 engine = InferenceEngine(
-    EngineConfig(model=model, tokenizer="simple", executor="numba-cuda", block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6)
+    EngineConfig(model=model, tokenizer="simple", executor={"name": "numba-cuda", "decode_graphs": decode_graphs}, block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6, max_batch_size=2)
 )
 records = engine.generate(prompts, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True))
 print(json.dumps([r.generated_tokens for r in records]))

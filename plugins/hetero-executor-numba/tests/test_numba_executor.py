@@ -39,11 +39,11 @@ def torch_tokens(model: Path) -> list[list[int]]:
     return [r.generated_tokens for r in engine.generate(PROMPTS, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True))]
 
 
-def test_same_greedy_tokens_as_the_torch_executor(tiny_model) -> None:
+@pytest.mark.parametrize("decode_graphs", [False, True], ids=["eager", "graphs"])
+def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: bool) -> None:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"} if not torch.cuda.is_available() else dict(os.environ)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tiny_model), json.dumps(PROMPTS)], env=env, capture_output=True, text=True, timeout=600
-    )
+    arguments = [str(tiny_model), json.dumps(PROMPTS), json.dumps(decode_graphs)]
+    result = subprocess.run([sys.executable, str(SCRIPT), *arguments], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == torch_tokens(tiny_model)
 

@@ -10,8 +10,6 @@ attends to its own fresh keys and values directly, without a gather.
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 import torch
 import torch.nn.functional as F
@@ -38,13 +36,13 @@ class DecodeGroup:
 
 @attrs.define
 class KernelInputs:
-    """Step metadata for kernels that read the paged cache in place (int32, on the kernels' device)."""
+    """Step metadata for kernels that read the paged cache in place (int32 tensors on the cache's device)."""
 
-    decode_tables: Any  # [num_decodes, max_blocks]
-    decode_lens: Any  # [num_decodes] cached tokens each decode attends to (its own included)
-    prefill_tables: Any  # [num_prefills, max_blocks]
-    prefill_query_start: Any  # [num_prefills + 1] offsets of each chunk among the prefill tokens
-    prefill_context_lens: Any  # [num_prefills] cached + new tokens of each chunk
+    decode_tables: torch.Tensor  # [num_decodes, max_blocks]
+    decode_lens: torch.Tensor  # [num_decodes] cached tokens each decode attends to (its own included)
+    prefill_tables: torch.Tensor  # [num_prefills, max_blocks]
+    prefill_query_start: torch.Tensor  # [num_prefills + 1] offsets of each chunk among the prefill tokens
+    prefill_context_lens: torch.Tensor  # [num_prefills] cached + new tokens of each chunk
 
 
 @attrs.define

@@ -15,6 +15,7 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
 from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, PrefillSpan, paged_attention
+from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCapture, DecodeGraphs, GraphCaptureError
 from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
@@ -70,6 +71,10 @@ class TorchExecutor:
         attention) or ``numba`` (decodes run the Numba CPU kernel, which reads
         the paged cache in place; prefill chunks take the torch path; the KV
         cache is then float32).
+    :param decode_graphs: replay decode-only steps from captured graphs
+        (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
+        ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
+        checked eager stand-in: no faster, but it exercises the same buffers.
     """
 
     ATTENTION_BACKENDS = ("torch", "numba")
@@ -82,12 +87,16 @@ class TorchExecutor:
         device: str = "auto",
         num_threads: int | None = None,
         attention: str = "torch",
+        decode_graphs: bool | str = "auto",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         if attention not in self.ATTENTION_BACKENDS:
             raise ConfigError(f"executor option attention must be one of {', '.join(self.ATTENTION_BACKENDS)}; got {attention!r}", param="attention")
+        if decode_graphs not in (True, False, "auto"):
+            raise ConfigError(f"executor option decode_graphs must be true, false or 'auto'; got {decode_graphs!r}", param="decode_graphs")
         self.device = self._device(device)
+        self.uses_graphs = self.device.type == "cuda" if decode_graphs == "auto" else decode_graphs
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
         self.attention_backend = attention
@@ -103,6 +112,8 @@ class TorchExecutor:
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_id=model_config.eos_token_id)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
+        self.engine_config = config
+        self.graphs: DecodeGraphs | None = None
         log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device))
 
     def _device(self, device: str) -> torch.device:
@@ -125,19 +136,35 @@ class TorchExecutor:
         return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_size * element
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
+        """Per layer, key and value blocks; with decode graphs, one more block for their padding rows."""
         config = self.model_config
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_size)
+        shape = (num_blocks + (1 if self.uses_graphs else 0), block_size, config.num_kv_heads, config.head_size)
         self.kv_caches = [
             (torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device), torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
             for _ in range(config.num_layers)
         ]
         self.block_size = block_size
+        if self.uses_graphs:
+            engine = self.engine_config
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.kv_caches,
+                block_size,
+                scratch_block=num_blocks,
+                max_batch=min(engine.max_batch_size, engine.max_num_seqs),
+                max_model_len=min(engine.max_model_len, config.max_position_embeddings),
+                capture=self._graph_capture(),
+            )
+
+    def _graph_capture(self) -> Capture:
+        return CudaGraphCapture(self.device) if self.device.type == "cuda" else CheckedReplay()
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
         """Run the largest prefill and decode steps once, through block 0 (still unused).
 
         The first pass at a given size is slow (memory first touched, kernels
-        picked); paying it here keeps it off the first requests.
+        picked, with decode graphs the largest batch's graph captured); paying
+        it here keeps it off the first requests.
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         length = max(2, max_num_tokens)
@@ -151,16 +178,32 @@ class TorchExecutor:
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         with torch.inference_mode():
             self._copy_blocks(batch)
-            inputs = self._prepare(batch)
-            logits = self.model.forward(*inputs)
-            sampled = [s for s in self._ordered(batch) if s.do_sample]
+            ordered = self._ordered(batch)
+            hidden = self._replay_decodes(ordered)
+            if hidden is not None:
+                logits = self.model.logits(hidden)
+            else:
+                logits = self.model.forward(*self._prepare(ordered))
+            sampled = [s for s in ordered if s.do_sample]
             if not sampled:
                 return ExecutionOutput({})
             tokens, logprobs = self.sampler(logits, sampled)
         return ExecutionOutput({s.seq_id: t for s, t in zip(sampled, tokens)}, logprobs)
 
+    def _replay_decodes(self, ordered: list) -> torch.Tensor | None:
+        """The final hidden states of a decode-only step replayed from a graph; None to run it eagerly."""
+        if self.graphs is None or not self.graphs.can_run(ordered):
+            return None
+        try:
+            return self.graphs.run(ordered)
+        except GraphCaptureError as exc:
+            log.warning("decode graphs turned off; decode steps run eagerly", reason=str(exc))
+            self.graphs = None
+            return None
+
     def close(self) -> None:
         self.kv_caches = []
+        self.graphs = None
 
     # ------------------------------------------------------------------ step inputs
 
@@ -199,9 +242,8 @@ class TorchExecutor:
             start += len(members)
         return groups
 
-    def _prepare(self, batch: ExecutionBatch):
+    def _prepare(self, ordered: list):
         size = self.block_size
-        ordered = self._ordered(batch)
         num_decodes = sum(1 for s in ordered if len(s.token_ids) == 1 and s.start_position > 0)
         ids: list[int] = []
         positions: list[int] = []

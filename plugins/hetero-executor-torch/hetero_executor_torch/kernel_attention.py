@@ -37,12 +37,18 @@ def kernel_attention(kernels: Any, *, torch_prefill: bool = False) -> AttentionF
         n = inputs.num_decodes
         caches = (_view(k_cache), _view(v_cache))
         if n:
-            kernels.paged_decode_attention(_view(out[:n]), _view(q[:n]), *caches, meta.decode_tables, meta.decode_lens, scale)
+            kernels.paged_decode_attention(_view(out[:n]), _view(q[:n]), *caches, _view(meta.decode_tables), _view(meta.decode_lens), scale)
         if q.shape[0] > n and torch_prefill:
             prefill_attention(out, q, key.float(), value.float(), k_cache, v_cache, inputs, scale)
         elif q.shape[0] > n:
             kernels.paged_prefill_attention(
-                _view(out[n:]), _view(q[n:]), *caches, meta.prefill_tables, meta.prefill_query_start, meta.prefill_context_lens, scale
+                _view(out[n:]),
+                _view(q[n:]),
+                *caches,
+                _view(meta.prefill_tables),
+                _view(meta.prefill_query_start),
+                _view(meta.prefill_context_lens),
+                scale,
             )
         return out.to(query.dtype)
 
@@ -50,7 +56,7 @@ def kernel_attention(kernels: Any, *, torch_prefill: bool = False) -> AttentionF
 
 
 def kernel_inputs(decodes: list, prefills: list, block_size: int, device: torch.device) -> KernelInputs:
-    """Block tables and lengths as int32 arrays: numpy on the CPU, torch tensors on CUDA."""
+    """Block tables and lengths as int32 tensors on ``device``."""
 
     def table(seqs: list, lengths: list[int]) -> np.ndarray:
         width = max([-(-n // block_size) for n in lengths] + [1])
@@ -70,6 +76,4 @@ def kernel_inputs(decodes: list, prefills: list, block_size: int, device: torch.
         starts,
         np.array(prefill_lens, dtype=np.int32),
     )
-    if device.type != "cpu":
-        arrays = tuple(torch.from_numpy(a).to(device) for a in arrays)
-    return KernelInputs(*arrays)
+    return KernelInputs(*(torch.from_numpy(a).to(device) for a in arrays))

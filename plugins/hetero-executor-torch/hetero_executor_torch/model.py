@@ -102,6 +102,21 @@ class LlamaModel:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Logits (float32, [len(logits_indices), vocab]) for the tokens at ``logits_indices``."""
+        hidden = self.hidden_states(input_ids, positions, attention, kv_caches)
+        return self.logits(self.rms_norm(hidden[logits_indices], self.norm))
+
+    def logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
+        """The head's float32 logits for final hidden states that have been through the last norm."""
+        return F.linear(normed_hidden, self.lm_head).float()
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionInputs,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """The residual stream after the last layer, [T, hidden], before the final norm."""
         config = self.config
         cos, sin = self.rope_tables(positions)
         hidden = F.embedding(input_ids, self.embed)
@@ -119,5 +134,4 @@ class LlamaModel:
             x = self.rms_norm(hidden, layer.post_norm)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
-        last = self.rms_norm(hidden[logits_indices], self.norm)
-        return F.linear(last, self.lm_head).float()
+        return hidden

@@ -78,3 +78,12 @@ def test_batched_equals_single_on_the_real_model(engine, generations) -> None:
     single = engine.generate([generations[1].input_tokens], GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
     assert single[0].num_cached_tokens > 0
     assert single[0].generated_tokens == generations[1].generated_tokens
+
+
+def test_decode_graphs_give_the_same_tokens_on_the_real_model(generations) -> None:
+    """Decode steps replayed from (CPU stand-in) graphs: padded batch and block-table buckets, one masked call."""
+    engine = InferenceEngine(EngineConfig(executor={"name": "torch", "dtype": "float32", "decode_graphs": True}, max_model_len=512, max_batch_size=3))
+    params = GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    records = engine.generate([r.input_tokens for r in generations], params)
+    assert [r.generated_tokens for r in records] == [r.generated_tokens for r in generations]
+    assert engine.executor.graphs.num_graphs > 1

@@ -1,0 +1,242 @@
+"""Decode steps replayed from captured graphs instead of launched op by op.
+
+A decode step launches a few hundred small kernels; at small batches the
+launches, not the GPU, set the pace. A CUDA graph records them once and
+replays them with one call. A graph is fixed: its shapes and every memory
+address it touches. So each graph serves one (batch size, block-table
+width) bucket and reads its inputs from static buffers that every step
+refills:
+
+- a step of ``n`` decodes runs the graph of the smallest batch bucket
+  ``>= n`` (1, 2, 4, 8, then multiples of 8); the padding rows decode token
+  0 at position 0 into a scratch block that no sequence owns, so they write
+  and read nothing real;
+- the block-table width is the smallest power of two of blocks covering the
+  longest context (attention costs grow with the width);
+- the final hidden states land in one static buffer; the head's matmul and
+  sampling run after the replay, outside the graph.
+
+Graphs are captured the first time their bucket is needed and kept;
+captures share one memory pool (graphs never run concurrently). A capture
+that fails raises :class:`GraphCaptureError`; the executor then turns graphs
+off and runs decode steps eagerly (a capture writes only what the step
+itself writes, so rerunning the step is safe).
+
+What a graph cannot hold is refused at capture with the op's name: reading
+tensor values on the host (``item``, ``tolist``, ``bool``), ops whose output
+shape depends on values (``nonzero``, ``unique``), tensors built from host
+data. On the CPU, where torch has no graphs, :class:`CheckedReplay` stands
+in: the same buffers, buckets and checks, with the step re-run eagerly at
+each replay. That is how the graph path is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+import structlog
+import torch
+from torch.overrides import TorchFunctionMode
+
+from hetero_core.batch import ScheduledSequence
+from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, KernelInputs, paged_attention
+from hetero_executor_torch.model import LlamaModel
+
+log = structlog.get_logger()
+
+Replay = Callable[[], None]
+Capture = Callable[[Callable[[], None]], Replay]
+
+NOT_CAPTURABLE = {
+    torch.Tensor.item: "reads a value on the host",
+    torch.Tensor.tolist: "reads values on the host",
+    torch.Tensor.__bool__: "branches on a tensor value",
+    torch.Tensor.__int__: "reads a value on the host",
+    torch.Tensor.__float__: "reads a value on the host",
+    torch.Tensor.__index__: "reads a value on the host",
+    torch.Tensor.cpu: "copies to the host",
+    torch.Tensor.nonzero: "has a value-dependent shape",
+    torch.nonzero: "has a value-dependent shape",
+    torch.unique: "has a value-dependent shape",
+    torch.masked_select: "has a value-dependent shape",
+    torch.tensor: "builds a tensor from host data",
+    torch.as_tensor: "builds a tensor from host data",
+}
+
+
+class NotCapturableError(RuntimeError):
+    """A step did something a captured graph cannot replay."""
+
+
+class GraphCaptureError(RuntimeError):
+    """Capturing a decode graph failed; the step's inputs are intact, so it can be run eagerly."""
+
+
+class CaptureGuard(TorchFunctionMode):
+    """Raises :class:`NotCapturableError` on the ops in ``NOT_CAPTURABLE``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        reason = NOT_CAPTURABLE.get(func)
+        if reason is not None:
+            raise NotCapturableError(f"a captured decode step cannot call {getattr(func, '__name__', func)}: it {reason}")
+        return func(*args, **(kwargs or {}))
+
+
+class CudaGraphCapture:
+    """Records a step into a ``torch.cuda.CUDAGraph``; every graph of one executor shares a memory pool."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, step: Callable[[], None]) -> Replay:
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side), CaptureGuard():
+            step()  # first launches compile kernels and allocate workspaces, which a capture must not do
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), CaptureGuard():
+            step()
+        return graph.replay
+
+
+class CheckedReplay:
+    """The CPU stand-in for :class:`CudaGraphCapture`: checks the step at capture, re-runs it at replay."""
+
+    def __call__(self, step: Callable[[], None]) -> Replay:
+        with CaptureGuard():
+            step()
+        return step
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then multiples of 8, up to ``max_batch`` (included)."""
+    buckets = [b for b in (1, 2, 4) if b < max_batch] + list(range(8, max_batch, 8))
+    return buckets + [max_batch]
+
+
+def width_buckets(max_blocks: int) -> list[int]:
+    """Powers of two of blocks, up to ``max_blocks`` (included)."""
+    buckets = []
+    width = 1
+    while width < max_blocks:
+        buckets.append(width)
+        width *= 2
+    return buckets + [max_blocks]
+
+
+def smallest_at_least(buckets: Sequence[int], value: int) -> int:
+    return next(b for b in buckets if b >= value)
+
+
+def is_graph_decode(seq: ScheduledSequence) -> bool:
+    return len(seq.token_ids) == 1 and seq.start_position > 0 and seq.do_sample
+
+
+class DecodeGraphs:
+    """Replays decode-only steps of up to ``max_batch`` sequences from graphs, one per bucket.
+
+    ``scratch_block`` is a cache block the allocator never hands out: the
+    padding rows' keys and values go there.
+    """
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        block_size: int,
+        scratch_block: int,
+        max_batch: int,
+        max_model_len: int,
+        capture: Capture,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.capture = capture
+        self.batch_buckets = batch_buckets(max_batch)
+        self.width_buckets = width_buckets(-(-max_model_len // block_size))
+        self.graphs: dict[tuple[int, int], Replay] = {}
+        device = model.device
+        rows, width = self.batch_buckets[-1], self.width_buckets[-1]
+        self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(rows * width, dtype=torch.int32, device=device)  # viewed [rows, width] per bucket
+        self.context_lens = torch.ones(rows, dtype=torch.int32, device=device)
+        self.hidden = torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=device)
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.graphs)
+
+    def can_run(self, seqs: Sequence[ScheduledSequence]) -> bool:
+        """Whether a step of ``seqs`` is decodes only and fits the largest bucket."""
+        return 0 < len(seqs) <= self.batch_buckets[-1] and all(is_graph_decode(s) for s in seqs)
+
+    def run(self, seqs: Sequence[ScheduledSequence]) -> torch.Tensor:
+        """The final (normed) hidden states of ``seqs``' decode tokens, ``[len(seqs), hidden]``."""
+        lengths = [s.start_position + 1 for s in seqs]
+        rows = smallest_at_least(self.batch_buckets, len(seqs))
+        width = smallest_at_least(self.width_buckets, -(-max(lengths) // self.block_size))
+        self._fill(seqs, lengths, rows, width)
+        key = (rows, width)
+        if key not in self.graphs:
+            started = time.perf_counter()
+            try:
+                self.graphs[key] = self.capture(self._step(rows, width))
+            except Exception as exc:
+                raise GraphCaptureError(f"capturing the decode graph for batch {rows} x {width} blocks failed: {exc}") from exc
+            log.debug("decode graph captured", batch=rows, blocks=width, seconds=round(time.perf_counter() - started, 3))
+        self.graphs[key]()
+        return self.hidden[: len(seqs)]
+
+    def _fill(self, seqs: Sequence[ScheduledSequence], lengths: list[int], rows: int, width: int) -> None:
+        """Write this step's inputs, padded to ``rows`` x ``width``, into the static buffers."""
+        size, scratch = self.block_size, self.scratch_block
+        tokens = np.zeros((3, rows), dtype=np.int64)  # input ids, positions, slots
+        tokens[2] = scratch * size
+        tables = np.full((rows, width), scratch, dtype=np.int32)
+        for row, (seq, length) in enumerate(zip(seqs, lengths)):
+            position = length - 1
+            blocks = seq.block_table[: -(-length // size)]
+            tables[row, : len(blocks)] = blocks
+            tokens[:, row] = (seq.token_ids[0], position, blocks[position // size] * size + position % size)
+        context_lens = np.ones(rows, dtype=np.int32)
+        context_lens[: len(lengths)] = lengths
+        host = torch.from_numpy(tokens)
+        self.input_ids[:rows].copy_(host[0], non_blocking=True)
+        self.positions[:rows].copy_(host[1], non_blocking=True)
+        self.slot_mapping[:rows].copy_(host[2], non_blocking=True)
+        self._tables(rows, width).copy_(torch.from_numpy(tables), non_blocking=True)
+        self.context_lens[:rows].copy_(torch.from_numpy(context_lens), non_blocking=True)
+
+    def _tables(self, rows: int, width: int) -> torch.Tensor:
+        """A contiguous ``[rows, width]`` view of the block-table buffer (the kernels want contiguous tables)."""
+        return self.block_tables[: rows * width].view(rows, width)
+
+    def _step(self, rows: int, width: int) -> Callable[[], None]:
+        """The step a graph records: every tensor it touches is a view of a static buffer or the cache."""
+        model, kv_caches = self.model, self.kv_caches
+        input_ids, positions, slot_mapping = self.input_ids[:rows], self.positions[:rows], self.slot_mapping[:rows]
+        tables, context_lens, hidden = self._tables(rows, width), self.context_lens[:rows], self.hidden[:rows]
+        uses_masks = model.attention is paged_attention
+        no_tables = torch.zeros(0, 1, dtype=torch.int32, device=model.device)
+        no_lens = torch.zeros(0, dtype=torch.int32, device=model.device)
+        kernel = None if uses_masks else KernelInputs(tables, context_lens, no_tables, torch.zeros(1, dtype=torch.int32, device=model.device), no_lens)
+        span = torch.arange(width * self.block_size, device=model.device)[None, :]
+
+        def step() -> None:
+            groups = []
+            if uses_masks:
+                mask = (span < context_lens[:, None])[:, None, None, :]
+                groups = [DecodeGroup(0, rows, tables, mask)]
+            attention = AttentionInputs(slot_mapping, rows, groups, [], kernel)
+            hidden.copy_(model.rms_norm(model.hidden_states(input_ids, positions, attention, kv_caches), model.norm))
+
+        return step
