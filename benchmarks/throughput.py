@@ -1,6 +1,7 @@
 """Offline throughput of the engine on the standard workload, optionally against transformers.
 
     python benchmarks/throughput.py [--compare-hf] [--dtype auto|float32|bfloat16] [--num-requests 32]
+        [--executor torch|numba-cuda] [--decode-graphs auto|true|false]
 
 Standard workload: 32 requests of seeded random token ids, prompt lengths
 spread evenly over 16..256, exactly 64 greedy new tokens each (EOS ignored),
@@ -48,7 +49,13 @@ def build_engine(args: argparse.Namespace, recorder: StepRecorder) -> InferenceE
     pm.register(recorder, name="step-recorder")
     config = EngineConfig(
         model=args.model,
-        executor={"name": args.executor, "dtype": args.dtype, "num_threads": args.threads, **({"attention": args.attention} if args.attention else {})},
+        executor={
+            "name": args.executor,
+            "dtype": args.dtype,
+            "num_threads": args.threads,
+            **({"attention": args.attention} if args.attention else {}),
+            **({"decode_graphs": args.decode_graphs == "true"} if args.decode_graphs != "auto" else {}),
+        },
         max_num_seqs=args.num_requests,
         max_batch_size=args.num_requests,
         max_total_tokens=args.max_total_tokens,
@@ -94,17 +101,20 @@ def gemm_roofline(engine: InferenceEngine, batch: int) -> float:
     """torch's own matmul FLOP/s at the decode step's shapes (all the model's linear layers, batch rows)."""
     model = engine.executor.model
     weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    x = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=model.dtype) for w in weights}
+    x = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=model.dtype, device=model.device) for w in weights}
     flops = sum(2 * batch * w.shape[0] * w.shape[1] for w in weights)
+    synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         for _ in range(2):
             for w in weights:
                 torch.nn.functional.linear(x[w.shape[1]], w)
+        synchronize()
         started = time.monotonic()
         repeats = 5
         for _ in range(repeats):
             for w in weights:
                 torch.nn.functional.linear(x[w.shape[1]], w)
+        synchronize()
         elapsed = time.monotonic() - started
     return flops * repeats / elapsed, flops
 
@@ -145,6 +155,7 @@ def main() -> None:
     parser.add_argument("--executor", default="torch")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--attention", choices=["torch", "numba"], help="the torch executor's attention backend")
+    parser.add_argument("--decode-graphs", default="auto", choices=["auto", "true", "false"], help="replay decode steps from graphs (auto: on CUDA)")
     parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -157,8 +168,10 @@ def main() -> None:
     prompts = standard_prompts(args.num_requests)
     recorder = StepRecorder()
     engine = build_engine(args, recorder)
-    attention = getattr(engine.executor, "attention_backend", "-")
-    print(f"model {engine.model_info.name}, executor {args.executor} (attention {attention}), dtype {engine.executor.dtype}, {args.threads} threads")
+    executor = engine.executor
+    attention, graphs = getattr(executor, "attention_backend", "-"), getattr(executor, "uses_graphs", "-")
+    device = getattr(executor, "device", "-")
+    print(f"model {engine.model_info.name}, executor {args.executor} on {device} (attention {attention}, decode graphs {graphs}), dtype {executor.dtype}, {args.threads} threads")
     run_engine(engine, prompts, 2)  # a first pass at full size, as the transformers run gets below
     engine.allocator.reset_prefix_cache()
     recorder.steps.clear()
