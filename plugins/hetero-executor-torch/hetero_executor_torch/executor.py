@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -68,9 +69,9 @@ class TorchExecutor:
     :param device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     :param num_threads: torch CPU threads (default: torch's choice).
     :param attention: ``torch`` (gather blocks, then scaled-dot-product
-        attention) or ``numba`` (decodes run the Numba CPU kernel, which reads
-        the paged cache in place; prefill chunks take the torch path; the KV
-        cache is then float32).
+        attention) or, on the CPU, ``numba`` (decodes run the Numba CPU
+        kernel, which reads the paged cache in place; prefill chunks take the
+        torch path; the KV cache is then float32).
     :param decode_graphs: replay decode-only steps from captured graphs
         (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
@@ -121,6 +122,8 @@ class TorchExecutor:
 
     def _attention_function(self) -> Callable[..., torch.Tensor]:
         if self.attention_backend == "numba":
+            if self.device.type != "cpu":
+                raise ConfigError(f"attention 'numba' runs the Numba CPU kernels, not on {self.device}; on CUDA use executor 'numba-cuda'", param="attention")
             from hetero_kernels import cpu
 
             return kernel_attention(cpu, torch_prefill=True)
@@ -176,7 +179,7 @@ class TorchExecutor:
         self.execute(ExecutionBatch(decodes, self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
-        with torch.inference_mode():
+        with torch.inference_mode(), self._on_device():
             self._copy_blocks(batch)
             ordered = self._ordered(batch)
             hidden = self._replay_decodes(ordered)
@@ -189,6 +192,10 @@ class TorchExecutor:
                 return ExecutionOutput({})
             tokens, logprobs = self.sampler(logits, sampled)
         return ExecutionOutput({s.seq_id: t for s, t in zip(sampled, tokens)}, logprobs)
+
+    def _on_device(self) -> contextlib.AbstractContextManager:
+        """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _replay_decodes(self, ordered: list) -> torch.Tensor | None:
         """The final hidden states of a decode-only step replayed from a graph; None to run it eagerly."""

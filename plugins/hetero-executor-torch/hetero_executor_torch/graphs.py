@@ -16,8 +16,10 @@ refills:
 - the final hidden states land in one static buffer; the head's matmul and
   sampling run after the replay, outside the graph.
 
-Graphs are captured the first time their bucket is needed and kept;
-captures share one memory pool (graphs never run concurrently). A capture
+Graphs are captured the first time their bucket is needed and kept, with
+the steps they recorded (a graph reads and writes the tensors its step
+holds, so those must live as long as it does); captures share one memory
+pool and one stream (graphs never run concurrently). A capture
 that fails raises :class:`GraphCaptureError`; the executor then turns graphs
 off and runs decode steps eagerly (a capture writes only what the step
 itself writes, so rerunning the step is safe).
@@ -85,22 +87,27 @@ class CaptureGuard(TorchFunctionMode):
 
 
 class CudaGraphCapture:
-    """Records a step into a ``torch.cuda.CUDAGraph``; every graph of one executor shares a memory pool."""
+    """Records a step into a ``torch.cuda.CUDAGraph``; every graph of one executor shares a memory pool
+    and a capture stream."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
+        self.stream = torch.cuda.Stream(device)
 
     def __call__(self, step: Callable[[], None]) -> Replay:
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side), CaptureGuard():
-            step()  # first launches compile kernels and allocate workspaces, which a capture must not do
-        current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), CaptureGuard():
-            step()
+        with torch.cuda.device(self.device):
+            current = torch.cuda.current_stream()
+            self.stream.wait_stream(current)
+            try:
+                with torch.cuda.stream(self.stream), CaptureGuard():
+                    step()  # first launches compile kernels and allocate workspaces, which a capture must not do
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream), CaptureGuard():
+                    step()
+            finally:
+                torch.cuda.set_stream(current)  # a failed capture can leave the capture stream current
+                current.wait_stream(self.stream)
         return graph.replay
 
 
@@ -162,6 +169,7 @@ class DecodeGraphs:
         self.batch_buckets = batch_buckets(max_batch)
         self.width_buckets = width_buckets(-(-max_model_len // block_size))
         self.graphs: dict[tuple[int, int], Replay] = {}
+        self.steps: list[Callable[[], None]] = []  # a graph reads and writes the tensors its step holds: they must outlive it
         device = model.device
         rows, width = self.batch_buckets[-1], self.width_buckets[-1]
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
@@ -188,10 +196,12 @@ class DecodeGraphs:
         key = (rows, width)
         if key not in self.graphs:
             started = time.perf_counter()
+            step = self._step(rows, width)
             try:
-                self.graphs[key] = self.capture(self._step(rows, width))
+                self.graphs[key] = self.capture(step)
             except Exception as exc:
                 raise GraphCaptureError(f"capturing the decode graph for batch {rows} x {width} blocks failed: {exc}") from exc
+            self.steps.append(step)
             log.debug("decode graph captured", batch=rows, blocks=width, seconds=round(time.perf_counter() - started, 3))
         self.graphs[key]()
         return self.hidden[: len(seqs)]

@@ -3,6 +3,9 @@ and refusal of what a CUDA graph cannot hold. On the CPU the graphs are the chec
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -77,6 +80,23 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model) -> None:
             changed = {(b, o) for b, o in (cache != old).any(dim=(2, 3)).nonzero().tolist()}
             assert changed - {(scratch, o) for o in range(4)} == written
     assert list(executor.graphs.graphs) == [(4, 4)]
+
+
+def test_captured_steps_live_as_long_as_their_graphs(tiny_model) -> None:
+    """A CUDA graph's replay holds only the graph, not the tensors the step allocated for it."""
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", decode_graphs=True)
+    executor.initialize_cache(num_blocks=12, block_size=4)
+    recorded = []
+
+    def capture_keeping_nothing(step):
+        CheckedReplay()(step)
+        recorded.append(weakref.ref(step))
+        return lambda: None
+
+    executor.graphs.capture = capture_keeping_nothing
+    executor.execute(ExecutionBatch([decode(0, 5, 6, [3, 7])], 4))
+    gc.collect()
+    assert len(recorded) == 1 and recorded[0]() is not None
 
 
 def test_capture_refuses_host_reads_and_host_data() -> None:

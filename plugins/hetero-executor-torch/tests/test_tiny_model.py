@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 from hetero_core.testing import ExecutorContract
 from hetero_executor_torch import TorchExecutor
@@ -113,3 +114,9 @@ class TestNumbaAttentionExecutorContract(ExecutorContract):
 def test_numba_attention_gives_the_same_tokens(tiny_model, one_at_a_time, overrides) -> None:
     engine = tiny_engine(tiny_model, executor={"name": "torch", "dtype": "float32", "attention": "numba"}, **overrides)
     assert outputs(engine, PROMPTS, GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)) == one_at_a_time
+
+
+def test_numba_attention_is_refused_off_the_cpu(tiny_model) -> None:
+    with pytest.raises(ConfigError, match="numba-cuda") as raised:
+        TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="meta", attention="numba")
+    assert raised.value.param == "attention"
