@@ -39,6 +39,7 @@ TOKENS_PER_SPLIT = 256  # context positions per chunk
 KEY_DIMS = 32  # key dimensions staged in shared memory at a time
 MAX_GROUP = 4  # query heads per block (more share a KV head: several blocks serve them)
 MAX_HEAD_SIZE = 256
+MAX_SHARED_BYTES = 48 * 1024  # static shared memory per thread block
 
 # Shared-memory array sizes must be single compile-time constants: kept in step by configure().
 _QUERY_SIZE = MAX_GROUP * MAX_HEAD_SIZE
@@ -46,6 +47,12 @@ _SCORES_SIZE = MAX_GROUP * TOKENS_PER_SPLIT
 _KEYS_SIZE = TILE * (KEY_DIMS + 1)
 _SCRATCH_SIZE = MAX_GROUP * TILE
 _STATS_SIZE = 2 * MAX_GROUP
+
+
+def _prefill_shared_bytes(tile: int, tokens_per_split: int, key_dims: int, max_group: int, max_head_size: int) -> int:
+    """The prefill kernel's shared arrays (the decode kernel's are a subset), in bytes."""
+    floats = 2 * max_group * max_head_size + max_group * tokens_per_split + tile * (key_dims + 1) + max_group * tile + 4 * max_group
+    return 4 * floats
 
 
 def configure(
@@ -61,16 +68,19 @@ def configure(
     Only before the first launch: on a GPU the constants are compiled into the kernels.
     """
     global TILE, TOKENS_PER_SPLIT, KEY_DIMS, MAX_GROUP, MAX_HEAD_SIZE, _QUERY_SIZE, _SCORES_SIZE, _KEYS_SIZE, _SCRATCH_SIZE, _STATS_SIZE
-    if any(getattr(kernel, "overloads", None) for kernel in (_decode_split_kernel, _prefill_kernel)):
+    if any(getattr(kernel, "overloads", None) for kernel in (_decode_split_kernel, _merge_splits_kernel, _prefill_kernel)):
         raise RuntimeError("hetero_kernels.cuda.configure() must run before the first kernel launch")
     tile = TILE if tile is None else tile
-    if tile < 1 or tile & (tile - 1):
-        raise ValueError(f"tile must be a power of two, got {tile}")
-    TILE = tile
-    TOKENS_PER_SPLIT = TOKENS_PER_SPLIT if tokens_per_split is None else tokens_per_split
-    KEY_DIMS = KEY_DIMS if key_dims is None else key_dims
-    MAX_GROUP = MAX_GROUP if max_group is None else max_group
-    MAX_HEAD_SIZE = MAX_HEAD_SIZE if max_head_size is None else max_head_size
+    tokens_per_split = TOKENS_PER_SPLIT if tokens_per_split is None else tokens_per_split
+    key_dims = KEY_DIMS if key_dims is None else key_dims
+    max_group = MAX_GROUP if max_group is None else max_group
+    max_head_size = MAX_HEAD_SIZE if max_head_size is None else max_head_size
+    if tile < 1 or tile > 1024 or tile & (tile - 1):
+        raise ValueError(f"tile must be a power of two up to 1024 (threads per block), got {tile}")
+    shared = _prefill_shared_bytes(tile, tokens_per_split, key_dims, max_group, max_head_size)
+    if shared > MAX_SHARED_BYTES:
+        raise ValueError(f"this launch shape needs {shared} bytes of shared memory per block; the limit is {MAX_SHARED_BYTES}")
+    TILE, TOKENS_PER_SPLIT, KEY_DIMS, MAX_GROUP, MAX_HEAD_SIZE = tile, tokens_per_split, key_dims, max_group, max_head_size
     _QUERY_SIZE, _SCORES_SIZE, _KEYS_SIZE = MAX_GROUP * MAX_HEAD_SIZE, MAX_GROUP * TOKENS_PER_SPLIT, TILE * (KEY_DIMS + 1)
     _SCRATCH_SIZE, _STATS_SIZE = MAX_GROUP * TILE, 2 * MAX_GROUP
 

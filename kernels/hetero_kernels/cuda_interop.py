@@ -27,6 +27,8 @@ def device_array(array: Any) -> Any:
     """
     if isinstance(array, np.ndarray) or hasattr(array, "copy_to_host"):
         return array
+    if _torch_cuda_tensor(array) and array.dtype == sys.modules["torch"].bfloat16:
+        raise TypeError("the CUDA kernels take float16 or float32 tensors: numba has no bfloat16")
     return cuda.as_cuda_array(array, sync=False)
 
 
@@ -36,6 +38,8 @@ class LaunchContext:
     Given torch tensors, kernels go on torch's current stream (ordered after
     the torch ops that produced the inputs, no host sync) and scratch comes
     from torch's caching allocator; otherwise the default stream and numba.
+    numba launches into the current device's context, so torch tensors must
+    live on torch's current device (``with torch.cuda.device(...)``).
     """
 
     def __init__(self, *arrays: Any) -> None:
@@ -43,7 +47,10 @@ class LaunchContext:
         if self._torch_like is not None:
             import torch
 
-            self.stream = cuda.external_stream(torch.cuda.current_stream(self._torch_like.device).cuda_stream)
+            device, current = self._torch_like.device, torch.cuda.current_device()
+            if device.index != current:
+                raise ValueError(f"the tensors are on {device} but the current CUDA device is cuda:{current}; launch under torch.cuda.device({device})")
+            self.stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
         else:
             self.stream = 0
 

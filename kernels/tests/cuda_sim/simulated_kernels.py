@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
@@ -36,6 +37,16 @@ tiny_problems = problems(max_batch=2, max_group=3, max_kv_heads=2, head_sizes=(1
 def test_the_simulator_is_running_the_kernels() -> None:
     assert config.ENABLE_CUDASIM
     assert "simulator" in type(cuda.gpus).__module__
+
+
+def test_configure_refuses_launch_shapes_a_gpu_cannot_run() -> None:
+    shape = (kernels.TILE, kernels.TOKENS_PER_SPLIT, kernels.MAX_GROUP)
+    with pytest.raises(ValueError, match="up to 1024"):
+        kernels.configure(tile=2048)
+    with pytest.raises(ValueError, match="shared memory"):
+        kernels.configure(tile=256, tokens_per_split=256, key_dims=32, max_group=8)
+    assert (kernels.TILE, kernels.TOKENS_PER_SPLIT, kernels.MAX_GROUP) == shape
+    assert kernels._prefill_shared_bytes(128, 256, 32, 4, 256) <= kernels.MAX_SHARED_BYTES  # the default shape
 
 
 @settings(max_examples=10, deadline=None)
