@@ -88,7 +88,7 @@ class CaptureGuard(TorchFunctionMode):
 
 class CudaGraphCapture:
     """Records a step into a ``torch.cuda.CUDAGraph``; every graph of one executor shares a memory pool
-    and a capture stream."""
+    and a capture stream. Called with ``device`` current (the executor's steps run under it)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -96,18 +96,17 @@ class CudaGraphCapture:
         self.stream = torch.cuda.Stream(device)
 
     def __call__(self, step: Callable[[], None]) -> Replay:
-        with torch.cuda.device(self.device):
-            current = torch.cuda.current_stream()
-            self.stream.wait_stream(current)
-            try:
-                with torch.cuda.stream(self.stream), CaptureGuard():
-                    step()  # first launches compile kernels and allocate workspaces, which a capture must not do
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream), CaptureGuard():
-                    step()
-            finally:
-                torch.cuda.set_stream(current)  # a failed capture can leave the capture stream current
-                current.wait_stream(self.stream)
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        try:
+            with torch.cuda.stream(self.stream), CaptureGuard():
+                step()  # first launches compile kernels and allocate workspaces, which a capture must not do
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream), CaptureGuard():
+                step()
+        finally:
+            torch.cuda.set_stream(current)  # a failed capture can leave the capture stream current
+            current.wait_stream(self.stream)
         return graph.replay
 
 
@@ -168,8 +167,8 @@ class DecodeGraphs:
         self.capture = capture
         self.batch_buckets = batch_buckets(max_batch)
         self.width_buckets = width_buckets(-(-max_model_len // block_size))
-        self.graphs: dict[tuple[int, int], Replay] = {}
-        self.steps: list[Callable[[], None]] = []  # a graph reads and writes the tensors its step holds: they must outlive it
+        # Each graph with the step it recorded: the graph reads and writes the tensors the step holds.
+        self.graphs: dict[tuple[int, int], tuple[Replay, Callable[[], None]]] = {}
         device = model.device
         rows, width = self.batch_buckets[-1], self.width_buckets[-1]
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
@@ -198,12 +197,12 @@ class DecodeGraphs:
             started = time.perf_counter()
             step = self._step(rows, width)
             try:
-                self.graphs[key] = self.capture(step)
+                self.graphs[key] = (self.capture(step), step)
             except Exception as exc:
                 raise GraphCaptureError(f"capturing the decode graph for batch {rows} x {width} blocks failed: {exc}") from exc
-            self.steps.append(step)
             log.debug("decode graph captured", batch=rows, blocks=width, seconds=round(time.perf_counter() - started, 3))
-        self.graphs[key]()
+        replay, _ = self.graphs[key]
+        replay()
         return self.hidden[: len(seqs)]
 
     def _fill(self, seqs: Sequence[ScheduledSequence], lengths: list[int], rows: int, width: int) -> None:
