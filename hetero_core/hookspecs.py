@@ -83,6 +83,22 @@ def register_executors(register: Register) -> None:
     """
 
 
+@hookspec
+def register_structured_output_backends(register: Register) -> None:
+    """Register structured-output (grammar engine) factories.
+
+    Called once per plugin when components are collected.
+
+    :param register: call ``register(name, factory)`` for each backend.
+        ``factory(tokenizer, **options)`` receives the engine's
+        :class:`~hetero_core.protocols.Tokenizer` and the options of
+        ``config.structured_output``, and returns a
+        :class:`~hetero_core.structured_output.StructuredOutputBackend`
+        bound to that tokenizer's vocabulary.
+    :return: nothing.
+    """
+
+
 # --------------------------------------------------------------------------- observers
 
 

@@ -64,6 +64,10 @@ class SimpleTokenizer:
     def pad_token_id(self) -> int:
         return self.PAD
 
+    def token_bytes(self) -> list[bytes]:
+        """Each token id's bytes, control tokens as their text (what a grammar engine reads)."""
+        return [bytes((b,)) for b in range(NUM_BYTES)] + [self.SPECIAL_TEXT[t].encode() for t in (self.BOS, self.EOS, self.PAD)]
+
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         try:
             ids = list(text.encode("utf-8"))

@@ -1,0 +1,179 @@
+"""Structured output: what a request may constrain its text to, and the contract of a grammar engine.
+
+A request names a constraint (:class:`StructuredOutput`: a JSON schema, any JSON
+object, a regular expression, a list of choices or a Lark grammar). A
+*structured-output backend* (a plugin, see
+``register_structured_output_backends``) compiles each distinct constraint
+once and makes one :class:`GrammarMatcher` per sample. Before each decode step
+the core asks every constrained sample's matcher for its allowed next tokens
+as a bitmask row; the executor only applies that mask. After sampling, the
+core feeds the chosen token back with :meth:`GrammarMatcher.accept_token`.
+
+A bitmask row holds ``ceil(vocab_size / 32)`` int32 words; bit ``t % 32`` of
+word ``t // 32`` set means token ``t`` is allowed. Use :func:`new_bitmask`
+and :func:`allowed_token_ids` rather than packing bits by hand.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+import numpy as np
+
+from hetero_core.errors import ValidationError
+
+BITS_PER_WORD = 32
+MAX_CHOICES = 1024
+
+
+class ConstraintKind(enum.Enum):
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    CHOICE = "choice"
+    GRAMMAR = "grammar"
+
+
+def _check_value(instance: StructuredOutput, _attribute: Any, value: Any) -> None:
+    kind = instance.kind
+    if kind is ConstraintKind.JSON_OBJECT:
+        if value is not None:
+            raise ValidationError("a json_object constraint takes no value", param="structured_output")
+    elif kind is ConstraintKind.JSON_SCHEMA:
+        if not isinstance(value, str):
+            raise ValidationError("a json_schema constraint holds the schema as JSON text", param="structured_output")
+    elif kind is ConstraintKind.CHOICE:
+        if (
+            not isinstance(value, tuple)
+            or not value
+            or len(value) > MAX_CHOICES
+            or not all(isinstance(choice, str) and choice for choice in value)
+        ):
+            raise ValidationError(
+                f"choice must be a list of 1 to {MAX_CHOICES} non-empty strings, got {value!r}",
+                param="structured_output",
+            )
+    elif not isinstance(value, str) or not value:
+        raise ValidationError(f"a {kind.value} constraint must be a non-empty string, got {value!r}", param="structured_output")
+
+
+@attrs.frozen
+class StructuredOutput:
+    """One request's constraint on its output text. Build it with the named constructors.
+
+    Constraints are values: two equal constraints share one compiled grammar.
+    Whether a schema, regex or grammar is valid is the backend's to say, when
+    it compiles it (a :class:`~hetero_core.errors.ValidationError`).
+    """
+
+    kind: ConstraintKind = attrs.field(validator=attrs.validators.instance_of(ConstraintKind))
+    value: str | tuple[str, ...] | None = attrs.field(default=None, validator=_check_value)
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str) -> StructuredOutput:
+        """Text that is one JSON value valid against ``schema`` (a dict, or its JSON text)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise ValidationError(f"the JSON schema is not valid JSON: {exc}", param="structured_output") from exc
+        if not isinstance(schema, (dict, bool)):
+            raise ValidationError(
+                f"a JSON schema must be an object, got {type(schema).__name__}", param="structured_output"
+            )
+        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+    @classmethod
+    def json_object(cls) -> StructuredOutput:
+        """Text that is one JSON object, of any shape."""
+        return cls(ConstraintKind.JSON_OBJECT)
+
+    @classmethod
+    def regex(cls, pattern: str) -> StructuredOutput:
+        """Text that matches ``pattern`` as a whole."""
+        return cls(ConstraintKind.REGEX, pattern)
+
+    @classmethod
+    def choice(cls, choices: list[str] | tuple[str, ...]) -> StructuredOutput:
+        """Text that is exactly one of ``choices``."""
+        return cls(ConstraintKind.CHOICE, tuple(choices) if isinstance(choices, (list, tuple)) else choices)
+
+    @classmethod
+    def grammar(cls, lark: str) -> StructuredOutput:
+        """Text of the start rule of a Lark grammar (the dialect of the backend's documentation)."""
+        return cls(ConstraintKind.GRAMMAR, lark)
+
+    @property
+    def schema(self) -> Any:
+        """The JSON schema, parsed (only for ``json_schema``)."""
+        assert self.kind is ConstraintKind.JSON_SCHEMA and isinstance(self.value, str)
+        return json.loads(self.value)
+
+
+@runtime_checkable
+class GrammarMatcher(Protocol):
+    """Where one sample stands in its grammar. Not thread-safe; one per sample.
+
+    The matcher has accepted exactly the tokens the sample generated so far.
+    """
+
+    def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """Write the allowed next tokens into ``bitmask[row]`` (see :func:`new_bitmask`).
+
+        Once the grammar is complete only the end-of-sequence token is allowed.
+        """
+        ...
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one generated token; False (and no change) when the grammar forbids it."""
+        ...
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last ``num_tokens`` accepted tokens (preemption by recompute, speculative rejections)."""
+        ...
+
+    def fork(self) -> GrammarMatcher:
+        """An independent copy in the same state (a request with ``n > 1`` forks its samples)."""
+        ...
+
+    @property
+    def is_finished(self) -> bool:
+        """True when the text is complete: only end-of-sequence may follow (or it was accepted)."""
+        ...
+
+
+@runtime_checkable
+class StructuredOutputBackend(Protocol):
+    """A grammar engine, bound to one tokenizer's vocabulary.
+
+    :meth:`compile` is called at a request's admission, so a constraint that
+    cannot be compiled is a ``ValidationError`` for that request alone.
+    Compiled grammars are cached by the backend: compiling an equal
+    constraint again returns the same object.
+    """
+
+    def compile(self, constraint: StructuredOutput) -> Any:
+        """A compiled grammar for ``constraint``; raises ``ValidationError`` naming what is wrong with it."""
+        ...
+
+    def new_matcher(self, compiled: Any) -> GrammarMatcher:
+        """A matcher at the start of ``compiled`` (a value :meth:`compile` returned)."""
+        ...
+
+
+def num_bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
+
+
+def new_bitmask(num_rows: int, vocab_size: int) -> np.ndarray:
+    """An int32 bitmask with every token allowed in every row."""
+    return np.full((num_rows, num_bitmask_words(vocab_size)), -1, dtype=np.int32)
+
+
+def allowed_token_ids(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
+    """The token ids a bitmask row allows, ascending."""
+    bits = np.unpackbits(bitmask_row.astype("<i4").view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:vocab_size])
