@@ -190,8 +190,7 @@ class TorchExecutor:
             sampled = [s for s in ordered if s.do_sample]
             if not sampled:
                 return ExecutionOutput({})
-            tokens, logprobs = self.sampler(logits, sampled)
-        return ExecutionOutput({s.seq_id: t for s, t in zip(sampled, tokens)}, logprobs)
+            return self.sampler.sample(logits, sampled)
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""
