@@ -305,10 +305,10 @@ class InferenceEngine:
             batch, problems = self._batch(plan)
             try:
                 output = self._execute(batch)
+                problems.update(check_execution_output(output, batch, self.model_info.vocab_size, self.plugin_names["executor"]))
             except ExecutionError as error:
                 self._fail_batch(plan, error, finished)
             else:
-                problems.update(check_execution_output(output, batch, self.model_info.vocab_size, self.plugin_names["executor"]))
                 self._process(plan, output, problems, finished)
         self._end_broken_callbacks(finished)
         completed = [self._finish_request(r) for r in finished]
