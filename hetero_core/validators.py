@@ -37,6 +37,16 @@ def number_in(
     return check
 
 
+def boolean(*, error: type[EngineError] = ValidationError) -> Validator:
+    """Accept True or False only (not 1, not "yes")."""
+
+    def check(_instance: Any, attribute: Any, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise error(f"{attribute.name} must be true or false, got {value!r}", param=attribute.name)
+
+    return check
+
+
 def optional(validator: Validator) -> Validator:
     """Accept None, or whatever ``validator`` accepts."""
 
