@@ -48,7 +48,7 @@ class FaultyExecutorPlugin:
             def execute(self, batch):
                 output = super().execute(batch)
                 for seq in batch.sequences:
-                    if seq.do_sample and POISON in seq.all_token_ids:
+                    if seq.do_sample and POISON in seq.all_token_ids[: seq.num_prompt_tokens]:
                         spoil(output, seq.seq_id)
                 return output
 
