@@ -29,6 +29,11 @@ def _to_tuple(value: Any) -> Any:
 def _check_stop(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, tuple) or not all(isinstance(s, str) and s for s in value):
         raise ValidationError(f"{attribute.name} must be a list of non-empty strings, got {value!r}", param="stop")
+    for stop in value:
+        try:
+            stop.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValidationError(f"stop string {stop!r} is not valid Unicode text: {exc.reason}", param="stop") from exc
     if len(value) > MAX_STOP_STRINGS:
         raise ValidationError(
             f"{attribute.name} allows at most {MAX_STOP_STRINGS} strings, got {len(value)}", param="stop"

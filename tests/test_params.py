@@ -47,7 +47,7 @@ def test_defaults_are_the_seed_ones() -> None:
 def test_stop_strings() -> None:
     assert GenerationParams(stop="END").stop == ("END",)
     assert GenerationParams(stop=["a", "b"]).stop == ("a", "b")
-    for bad in ([""], [3], ["x"] * 17):
+    for bad in ([""], [3], ["x"] * 17, ["ok", "lone \ud800 surrogate"]):
         with pytest.raises(ValidationError, match="stop"):
             GenerationParams(stop=bad)
     with pytest.raises(ValidationError, match="stop_token_ids"):

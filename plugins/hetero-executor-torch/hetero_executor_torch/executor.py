@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-import structlog
 import torch
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
 from hetero_core.errors import ConfigError
+from hetero_core.logs import get_logger
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
@@ -22,7 +22,7 @@ from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.sampling import Sampler
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 MIN_DECODES_TO_SPLIT = 8  # below this, one attention call costs less than two
 

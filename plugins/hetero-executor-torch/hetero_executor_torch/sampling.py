@@ -19,12 +19,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import structlog
 import torch
 
 from hetero_core.batch import ExecutionOutput, ScheduledSequence, TokenLogprobs
+from hetero_core.logs import get_logger
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 MIN_LOGPROB = -9999.0  # what a token of probability zero reports
 
