@@ -17,7 +17,6 @@ raise are logged with their plugin's name and change nothing.
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 import uuid
@@ -25,10 +24,11 @@ from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceOf
 
 import pluggy
 
+from hetero_core.admission import Admission
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
 from hetero_core.boundary import block_table_problem, check_execution_output
 from hetero_core.config import EngineConfig
-from hetero_core.errors import CacheMemoryError, ConfigError, EngineError, ExecutionError, SchedulerError, ValidationError
+from hetero_core.errors import ConfigError, EngineError, ExecutionError, SchedulerError, ValidationError
 from hetero_core.logs import get_logger
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
@@ -74,6 +74,7 @@ class InferenceEngine:
         self.max_model_len = min(config.max_model_len, self.model_info.max_model_len)
         self.num_blocks = self._pool_size()
         self.executor.initialize_cache(self.num_blocks, config.block_size)
+        self.admission = Admission(config, self.model_info.vocab_size, self.max_model_len, self.num_blocks)
         self.allocator: CacheAllocator = registry.create(
             "cache_allocator", config.cache_allocator.name, config.cache_allocator.options, self.num_blocks, config.block_size
         )
@@ -152,7 +153,7 @@ class InferenceEngine:
         if isinstance(prompt, str):
             prompt_text, token_ids = prompt, self.tokenizer.encode(prompt)
         elif isinstance(prompt, (list, tuple)):
-            token_ids = self._check_token_ids(prompt)
+            token_ids = self.admission.check_token_ids(prompt)
             prompt_text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
         else:
             raise ValidationError(
@@ -177,69 +178,14 @@ class InferenceEngine:
         return self._enqueue(prompt_text, token_ids, params, request_id, on_output)
 
     def _check_call(self, params: Any, request_id: Any, on_output: Any) -> GenerationParams:
-        """The arguments every submit takes, checked; the params to use."""
         if self._closed:
             raise SchedulerError("the engine is closed: it accepts no more requests")
-        if params is None:
-            params = GenerationParams()
-        elif not isinstance(params, GenerationParams):
-            raise ValidationError(
-                f"params must be a GenerationParams (GenerationParams.from_mapping builds one from a dict),"
-                f" got {type(params).__name__}",
-                param="params",
-            )
-        if request_id is not None and (not isinstance(request_id, str) or not request_id):
-            raise ValidationError(f"request_id must be a non-empty string, got {request_id!r}", param="request_id")
-        if on_output is not None and not callable(on_output):
-            raise ValidationError(f"on_output must be callable, got {type(on_output).__name__}", param="on_output")
-        vocab_size = self.model_info.vocab_size
-        if params.top_k is not None and params.top_k > vocab_size:
-            raise ValidationError(f"top_k must be at most the vocabulary size {vocab_size}, got {params.top_k}", param="top_k")
-        beyond = [t for t in params.stop_token_ids if t >= vocab_size]
-        if beyond:
-            raise ValidationError(
-                f"stop_token_ids must be below the vocabulary size {vocab_size}, got {beyond[0]}", param="stop_token_ids"
-            )
-        return params
-
-    def _check_token_ids(self, token_ids: SequenceOf[int]) -> list[int]:
-        vocab_size = self.model_info.vocab_size
-        for token_id in token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
-                raise ValidationError(f"prompt token ids must be integers in [0, {vocab_size}), got {token_id!r}", param="prompt")
-        return list(token_ids)
+        return self.admission.check_arguments(params, request_id, on_output)
 
     def _enqueue(
         self, prompt_text: str, token_ids: list[int], params: GenerationParams, request_id: str | None, on_output: OnOutput | None
     ) -> str:
-        num_prompt = len(token_ids)
-        if num_prompt == 0:
-            raise ValidationError("prompt must not be empty", param="prompt")
-        if max(token_ids) >= self.model_info.vocab_size:
-            raise ValidationError(
-                f"the prompt encodes to token {max(token_ids)}, beyond the model's vocabulary of"
-                f" {self.model_info.vocab_size}: the tokenizer does not match the model",
-                param="prompt",
-            )
-        if num_prompt + params.max_tokens > self.max_model_len:
-            raise ValidationError(
-                f"prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}: together they exceed"
-                f" the maximum context length of {self.max_model_len} tokens",
-                param="max_tokens" if num_prompt < self.max_model_len else "prompt",
-            )
-        blocks_needed = math.ceil((num_prompt + params.max_tokens) / self.config.block_size)
-        if blocks_needed > self.num_blocks:
-            raise CacheMemoryError(
-                f"request needs {blocks_needed} KV blocks but the pool has only {self.num_blocks}", param="max_tokens"
-            )
-        if not self.config.enable_chunked_prefill and num_prompt > self.config.max_total_tokens:
-            raise ValidationError(
-                f"prompt has {num_prompt} tokens, more than max_total_tokens={self.config.max_total_tokens}"
-                " and chunked prefill is disabled",
-                param="prompt",
-            )
-        if params.n > self.config.max_num_seqs:
-            raise ValidationError(f"n must be at most max_num_seqs={self.config.max_num_seqs}, got {params.n}", param="n")
+        self.admission.check_fits(token_ids, params)
         with self._lock:
             request_id = request_id or uuid.uuid4().hex
             if request_id in self._requests:

@@ -20,7 +20,7 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
-from hetero_executor_torch.sampling import Sampler
+from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
 log = get_logger(__name__)
 
@@ -190,7 +190,7 @@ class TorchExecutor:
             sampled = [s for s in ordered if s.do_sample]
             if not sampled:
                 return ExecutionOutput({})
-            return self.sampler.sample(logits, sampled)
+            return sample_each_alone_on_failure(self.sampler, logits, sampled)
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""

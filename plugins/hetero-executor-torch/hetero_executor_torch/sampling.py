@@ -8,7 +8,7 @@ exponential noise, which samples exactly from ``probs``; for a seeded
 request the noise comes from a generator seeded by (seed, position), so the
 token depends on nothing else: not the batch, not preemption.
 
-:meth:`Sampler.sample` wraps this for an executor: a row whose logits are
+:func:`sample_each_alone_on_failure` wraps a sampler for an executor: a row whose logits are
 not finite (NaN or +inf from the model) or whose sampling fails becomes a
 per-sequence error in the :class:`ExecutionOutput`, and the other rows are
 sampled as if it were not there. Logprobs are clamped at ``MIN_LOGPROB``, so
@@ -17,7 +17,7 @@ none is ever -inf or NaN.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -41,31 +41,6 @@ class Sampler:
         self.device = torch.device(device)
         self.eos_token_id = eos_token_id
         self.generator = torch.Generator(device=self.device).manual_seed(default_seed)
-
-    def sample(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> ExecutionOutput:
-        """Sample every row; a row that cannot be sampled is an error of its sequence alone."""
-        logits = logits[:, : self.vocab_size]
-        broken = (logits.isnan() | (logits == float("inf"))).any(dim=-1).tolist()
-        errors = {s.seq_id: "the model produced non-finite logits for this sequence" for s, bad in zip(seqs, broken) if bad}
-        rows = [i for i, bad in enumerate(broken) if not bad]
-        groups = [rows] if rows else []
-        tokens: dict[int, int] = {}
-        logprobs: dict[int, TokenLogprobs] = {}
-        while groups:
-            group = groups.pop()
-            group_seqs = [seqs[i] for i in group]
-            try:
-                group_tokens, group_logprobs = self(logits[group] if len(group) < len(seqs) else logits, group_seqs)
-            except Exception as exc:  # isolate the row at fault: split the group until it is alone
-                if len(group) > 1:
-                    groups += [group[: len(group) // 2], group[len(group) // 2 :]]
-                    continue
-                log.warning("sampling failed", seq_id=group_seqs[0].seq_id, error=f"{type(exc).__name__}: {exc}")
-                errors[group_seqs[0].seq_id] = "sampling failed for this sequence's parameters"
-                continue
-            tokens.update((s.seq_id, t) for s, t in zip(group_seqs, group_tokens))
-            logprobs.update(group_logprobs)
-        return ExecutionOutput(tokens, logprobs, errors)
 
     def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> tuple[list[int], dict[int, TokenLogprobs]]:
         logits = logits[:, : self.vocab_size]
@@ -163,3 +138,37 @@ class Sampler:
             top = list(zip(top_ids[row_number][:k], top_values[row_number][:k]))
             result[seqs[i].seq_id] = TokenLogprobs(tokens[i], chosen[row_number], top)
         return result
+
+
+def sample_each_alone_on_failure(
+    sampler: Callable[[torch.Tensor, Sequence[ScheduledSequence]], tuple[list[int], dict[int, TokenLogprobs]]],
+    logits: torch.Tensor,
+    seqs: Sequence[ScheduledSequence],
+) -> ExecutionOutput:
+    """Sample every row with ``sampler``; a row that cannot be sampled is an error of its sequence alone.
+
+    Rows whose logits hold NaN or +inf fail at once; if sampling the others
+    raises, the rows are split in halves and retried until the one at fault
+    is alone (a cost paid only on failure).
+    """
+    broken = (logits.isnan() | (logits == float("inf"))).any(dim=-1).tolist()
+    errors = {s.seq_id: "the model produced non-finite logits for this sequence" for s, bad in zip(seqs, broken) if bad}
+    rows = [i for i, bad in enumerate(broken) if not bad]
+    groups = [rows] if rows else []
+    tokens: dict[int, int] = {}
+    logprobs: dict[int, TokenLogprobs] = {}
+    while groups:
+        group = groups.pop()
+        group_seqs = [seqs[i] for i in group]
+        try:
+            group_tokens, group_logprobs = sampler(logits[group] if len(group) < len(seqs) else logits, group_seqs)
+        except Exception as exc:  # isolate the row at fault: split the group until it is alone
+            if len(group) > 1:
+                groups += [group[: len(group) // 2], group[len(group) // 2 :]]
+                continue
+            log.warning("sampling failed", seq_id=group_seqs[0].seq_id, error=f"{type(exc).__name__}: {exc}")
+            errors[group_seqs[0].seq_id] = "sampling failed for this sequence's parameters"
+            continue
+        tokens.update((s.seq_id, t) for s, t in zip(group_seqs, group_tokens))
+        logprobs.update(group_logprobs)
+    return ExecutionOutput(tokens, logprobs, errors)
