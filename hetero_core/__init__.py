@@ -18,6 +18,7 @@ from hetero_core.outputs import CompletedRequest, SequenceOutput, StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import CacheAllocator, Executor, IncrementalDetokenizer, ModelInfo, SchedulerPolicy, Tokenizer
 from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
+from hetero_core.engine import InferenceEngine  # last: it builds on everything above
 
 __all__ = [
     "BlockCopy",
@@ -37,6 +38,7 @@ __all__ = [
     "FinishReason",
     "GenerationParams",
     "IncrementalDetokenizer",
+    "InferenceEngine",
     "MemoryStats",
     "ModelInfo",
     "PluginsConfig",

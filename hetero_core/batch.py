@@ -78,6 +78,8 @@ class TokenLogprobs:
     ``top`` lists (token_id, logprob) pairs in descending order of logprob;
     it has ``params.logprobs`` entries. Logprobs are of the distribution the
     model produced (after penalties, before temperature and truncation).
+    Every logprob is a finite number at most 0 (an executor reports a
+    token of probability zero with a large negative value, e.g. -9999.0).
     """
 
     token_id: int
@@ -87,7 +89,16 @@ class TokenLogprobs:
 
 @attrs.define
 class ExecutionOutput:
-    """The result of one batch: a sampled token for every sequence with ``do_sample`` set."""
+    """The result of one batch, per sequence with ``do_sample`` set: a sampled token, or an error.
+
+    A sequence the executor cannot handle (its parameters overflow the
+    sampler, its logits are not finite, ...) goes in ``errors`` with a short
+    reason, instead of a token; the engine fails that sequence's request
+    alone and the rest of the batch proceeds. Raising from ``execute`` fails
+    the whole batch instead. The reason is shown to the request's client:
+    describe the problem, not the internals (no tracebacks, no paths).
+    """
 
     sampled_token_ids: dict[int, int]  # seq_id -> next token id
     logprobs: dict[int, TokenLogprobs] = attrs.field(factory=dict)  # only for sequences that asked
+    errors: dict[int, str] = attrs.field(factory=dict)  # seq_id -> why no token could be produced

@@ -16,14 +16,25 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import number_in, one_of, optional
+from hetero_core.validators import boolean, number_in, one_of, optional
 
 _positive_int = number_in(1, None, integer=True, error=ConfigError)
+MAX_COUNT = 2**24  # no size, budget or queue length is sensibly larger (16,777,216)
+MAX_BLOCK_SIZE = 1024
+
+
+def _count(high: int = MAX_COUNT) -> Any:
+    return number_in(1, high, integer=True, error=ConfigError)
 
 
 def _check_name(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{attribute.name} must be a non-empty string, got {value!r}", param=attribute.name)
+
+
+def _optional_name(instance: Any, attribute: Any, value: Any) -> None:
+    if value is not None:
+        _check_name(instance, attribute, value)
 
 
 @attrs.frozen
@@ -93,12 +104,12 @@ class ServerConfig:
 
     host: str = attrs.field(default="127.0.0.1", validator=_check_name)
     port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
-    model_name: str | None = None  # the name clients use; defaults to the model file's name
+    model_name: str | None = attrs.field(default=None, validator=_optional_name)  # the name clients use; defaults to the model file's name
     backend: str = attrs.field(default="local_engine", validator=one_of(BACKENDS, error=ConfigError))
     command: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # command_bridge: program and arguments
     command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
     command_concurrency: int = attrs.field(default=4, validator=_positive_int)
-    api_key: str | None = None  # also HETERO_API_KEY; None leaves the server open
+    api_key: str | None = attrs.field(default=None, validator=_optional_name)  # also HETERO_API_KEY; None leaves the server open
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)
     drain_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, error=ConfigError))
 
@@ -111,23 +122,23 @@ class ServerConfig:
 class EngineConfig:
     """How to build and run an engine. Sizes count tokens, blocks or sequences."""
 
-    block_size: int = attrs.field(default=16, validator=_positive_int)  # token slots per KV block
-    max_num_blocks: int = attrs.field(default=1024, validator=_positive_int)  # KV blocks in the pool
-    max_batch_size: int = attrs.field(default=32, validator=_positive_int)  # sequences in one step
-    max_num_seqs: int = attrs.field(default=256, validator=_positive_int)  # sequences holding KV at once
-    max_model_len: int = attrs.field(default=2048, validator=_positive_int)  # prompt + output tokens
-    max_total_tokens: int = attrs.field(default=4096, validator=_positive_int)  # tokens in one step
+    block_size: int = attrs.field(default=16, validator=_count(MAX_BLOCK_SIZE))  # token slots per KV block
+    max_num_blocks: int = attrs.field(default=1024, validator=_count())  # KV blocks in the pool
+    max_batch_size: int = attrs.field(default=32, validator=_count())  # sequences in one step
+    max_num_seqs: int = attrs.field(default=256, validator=_count())  # sequences holding KV at once
+    max_model_len: int = attrs.field(default=2048, validator=_count())  # prompt + output tokens
+    max_total_tokens: int = attrs.field(default=4096, validator=_count())  # tokens in one step
     memory_threshold: float = attrs.field(
         default=0.9, validator=number_in(0.0, 1.0, low_open=True, error=ConfigError)
     )  # no new admissions while block usage is above this
-    max_retry_attempts: int = attrs.field(default=2, validator=number_in(0, None, integer=True, error=ConfigError))
-    max_waiting_requests: int = attrs.field(default=4096, validator=_positive_int)  # submit fails beyond this
+    max_retry_attempts: int = attrs.field(default=2, validator=number_in(0, 100, integer=True, error=ConfigError))
+    max_waiting_requests: int = attrs.field(default=4096, validator=_count())  # submit fails beyond this
     kv_cache_memory_mb: float | None = attrs.field(
-        default=None, validator=optional(number_in(0, None, low_open=True, error=ConfigError))
+        default=None, validator=optional(number_in(0, 2**30, low_open=True, error=ConfigError))
     )  # when set, size the pool from this budget instead of max_num_blocks
-    enable_chunked_prefill: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    model: str | None = None  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
-    seed: int = attrs.field(default=0, validator=number_in(0, None, integer=True, error=ConfigError))
+    enable_chunked_prefill: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
+    model: str | None = attrs.field(default=None, validator=_optional_name)  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
+    seed: int = attrs.field(default=0, validator=number_in(0, 2**63 - 1, integer=True, error=ConfigError))
     tokenizer: ComponentSpec = _component("huggingface")
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")
@@ -152,9 +163,11 @@ class EngineConfig:
     def from_file(cls, path: str | Path) -> EngineConfig:
         """Read a JSON config file (the seed's ``config.json`` layout plus the sections above)."""
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {path} is not UTF-8 text: invalid byte at offset {exc.start}") from exc
         try:
             values = json.loads(text)
         except json.JSONDecodeError as exc:

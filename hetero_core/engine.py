@@ -5,35 +5,43 @@ their methods directly. ``submit_request``, ``submit_chat`` and
 ``abort_request`` are thread-safe: they validate in the caller's thread and
 hand the work to the stepping thread through an inbox, so a server can
 submit from its event loop while another thread calls :meth:`step`.
-:meth:`step` and everything built on it must be called from one thread.
+:meth:`step` and everything built on it run one at a time: a second thread
+that calls :meth:`step` while one is running gets an ``EngineError``.
+
+No request harms another: a request whose sequence the executor cannot
+handle, whose ``on_output`` callback raises, or whose component output is
+malformed fails alone, with an error naming the cause; observer hooks that
+raise are logged with their plugin's name and change nothing.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import threading
 import time
 import uuid
 from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceOf
 
 import pluggy
-import structlog
 
+from hetero_core.admission import Admission
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
+from hetero_core.boundary import block_table_problem, check_execution_output
 from hetero_core.config import EngineConfig
-from hetero_core.errors import CacheMemoryError, ConfigError, ExecutionError, SchedulerError, ValidationError
+from hetero_core.errors import ConfigError, EngineError, ExecutionError, SchedulerError, ValidationError
+from hetero_core.logs import get_logger
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
 from hetero_core.output_processor import OutputProcessor, completed_request
 from hetero_core.outputs import CompletedRequest, StreamDelta
 from hetero_core.params import GenerationParams
-from hetero_core.plugins import ComponentRegistry, create_plugin_manager
+from hetero_core.observers import Observers
+from hetero_core.plugins import EXTENSION_POINTS, ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import CacheAllocator, Executor, SchedulerPolicy, Tokenizer
 from hetero_core.scheduler import Scheduler, SchedulerOutput
 from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 OnOutput = Callable[[StreamDelta], None]
 
@@ -43,35 +51,71 @@ class InferenceEngine:
 
     def __init__(self, config: EngineConfig | None = None, *, plugin_manager: pluggy.PluginManager | None = None) -> None:
         config = config or EngineConfig()
+        if not isinstance(config, EngineConfig):
+            raise ConfigError(f"config must be an EngineConfig, got {type(config).__name__}")
         self.plugin_manager = plugin_manager or create_plugin_manager(
             disable=config.plugins.disable, load=config.plugins.load
         )
         registry = ComponentRegistry(self.plugin_manager)
         self.config = config
+        self.plugin_names = {point: registry.get(point, getattr(config, point).name).plugin for point in EXTENSION_POINTS}
         self.tokenizer: Tokenizer = registry.create("tokenizer", config.tokenizer.name, config.tokenizer.options, config)
         self.executor: Executor = registry.create("executor", config.executor.name, config.executor.options, config)
+        try:
+            self._start(registry)
+        except BaseException:
+            self.executor.close()
+            raise
+
+    def _start(self, registry: ComponentRegistry) -> None:
+        config = self.config
         self.model_info = self.executor.model_info
+        self._check_vocabularies()
         self.max_model_len = min(config.max_model_len, self.model_info.max_model_len)
         self.num_blocks = self._pool_size()
         self.executor.initialize_cache(self.num_blocks, config.block_size)
+        self.admission = Admission(config, self.model_info.vocab_size, self.max_model_len, self.num_blocks)
         self.allocator: CacheAllocator = registry.create(
             "cache_allocator", config.cache_allocator.name, config.cache_allocator.options, self.num_blocks, config.block_size
         )
         self.policy: SchedulerPolicy = registry.create("scheduler", config.scheduler.name, config.scheduler.options)
-        self.scheduler = Scheduler(config, self.policy, self.allocator)
+        self.scheduler = Scheduler(config, self.policy, self.allocator, policy_plugin=self.plugin_names["scheduler"])
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self.metrics = EngineMetrics()
         self._requests: dict[str, Request] = {}
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
+        self._broken_callbacks: list[Request] = []
         self._lock = threading.Lock()
+        self._step_lock = threading.Lock()
+        self._closed = False
+        self._leak_reported = False
         self._arrivals = itertools.count()
         hook = self.plugin_manager.hook
-        self._step_observers = hook.on_step_finished if hook.on_step_finished.get_hookimpls() else None
-        self._finish_observers = hook.on_request_finished if hook.on_request_finished.get_hookimpls() else None
+        self._step_observers = Observers(hook.on_step_finished)
+        self._finish_observers = Observers(hook.on_request_finished)
         self.executor.warm_up(min(config.max_total_tokens, self.max_model_len), config.max_batch_size)
-        hook.on_engine_started(engine=self)
+        Observers(hook.on_engine_started)(engine=self)
         log.info("engine started", model=self.model_info.name, num_blocks=self.num_blocks, executor=config.executor.name)
+
+    def _check_vocabularies(self) -> None:
+        """Warn when the tokenizer and the model count their tokens differently.
+
+        A model may have more ids than its tokenizer (padded embeddings); a
+        tokenizer with more ids than the model, or a mismatch, is usually
+        the wrong pair. Either way nothing breaks silently: prompt ids are
+        checked against the model's vocabulary at submission, sampled ids at
+        each step.
+        """
+        model_vocab, tokenizer_vocab = self.model_info.vocab_size, self.tokenizer.vocab_size
+        if tokenizer_vocab != model_vocab:
+            log.warning(
+                "tokenizer and model vocabularies differ",
+                tokenizer=self.config.tokenizer.name,
+                tokenizer_vocab_size=tokenizer_vocab,
+                executor=self.config.executor.name,
+                model_vocab_size=model_vocab,
+            )
 
     def _pool_size(self) -> int:
         if self.config.kv_cache_memory_mb is None:
@@ -97,18 +141,24 @@ class InferenceEngine:
     ) -> str:
         """Queue a prompt (text, or token ids) for generation and return its request id.
 
-        Raises ``ValidationError`` for an empty or too long prompt or bad ids,
-        ``CacheMemoryError`` when the request could never fit the KV pool, and
-        ``SchedulerError`` when the waiting queue is full. ``on_output``, if
-        given, receives a :class:`StreamDelta` from the stepping thread for
-        every step that produced output, the last one with a finish reason.
+        Raises ``ValidationError`` for an empty or too long prompt, bad ids or
+        arguments of the wrong type, ``CacheMemoryError`` when the request
+        could never fit the KV pool, and ``SchedulerError`` when the waiting
+        queue is full or the engine is closed. ``on_output``, if given,
+        receives a :class:`StreamDelta` from the stepping thread for every
+        step that produced output, the last one with a finish reason; if it
+        raises, its request ends with an error (the others go on).
         """
-        params = params or GenerationParams()
+        params = self._check_call(params, request_id, on_output)
         if isinstance(prompt, str):
             prompt_text, token_ids = prompt, self.tokenizer.encode(prompt)
-        else:
-            token_ids = self._check_token_ids(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            token_ids = self.admission.check_token_ids(prompt)
             prompt_text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        else:
+            raise ValidationError(
+                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", param="prompt"
+            )
         return self._enqueue(prompt_text, token_ids, params, request_id, on_output)
 
     def submit_chat(
@@ -120,42 +170,22 @@ class InferenceEngine:
         on_output: OnOutput | None = None,
     ) -> str:
         """Like :meth:`submit_request`, for OpenAI-style messages rendered with the model's chat template."""
+        params = self._check_call(params, request_id, on_output)
+        if not isinstance(messages, (list, tuple)) or not messages or not all(isinstance(m, Mapping) for m in messages):
+            raise ValidationError(f"messages must be a non-empty list of objects, got {messages!r:.200}", param="messages")
         prompt_text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         token_ids = self.tokenizer.encode(prompt_text, add_special_tokens=False)
-        return self._enqueue(prompt_text, token_ids, params or GenerationParams(), request_id, on_output)
+        return self._enqueue(prompt_text, token_ids, params, request_id, on_output)
 
-    def _check_token_ids(self, token_ids: SequenceOf[int]) -> list[int]:
-        vocab_size = self.model_info.vocab_size
-        for token_id in token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab_size:
-                raise ValidationError(f"prompt token ids must be integers in [0, {vocab_size}), got {token_id!r}", param="prompt")
-        return list(token_ids)
+    def _check_call(self, params: Any, request_id: Any, on_output: Any) -> GenerationParams:
+        if self._closed:
+            raise SchedulerError("the engine is closed: it accepts no more requests")
+        return self.admission.check_arguments(params, request_id, on_output)
 
     def _enqueue(
         self, prompt_text: str, token_ids: list[int], params: GenerationParams, request_id: str | None, on_output: OnOutput | None
     ) -> str:
-        num_prompt = len(token_ids)
-        if num_prompt == 0:
-            raise ValidationError("prompt must not be empty", param="prompt")
-        if num_prompt + params.max_tokens > self.max_model_len:
-            raise ValidationError(
-                f"prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}: together they exceed"
-                f" the maximum context length of {self.max_model_len} tokens",
-                param="max_tokens" if num_prompt < self.max_model_len else "prompt",
-            )
-        blocks_needed = math.ceil((num_prompt + params.max_tokens) / self.config.block_size)
-        if blocks_needed > self.num_blocks:
-            raise CacheMemoryError(
-                f"request needs {blocks_needed} KV blocks but the pool has only {self.num_blocks}", param="max_tokens"
-            )
-        if not self.config.enable_chunked_prefill and num_prompt > self.config.max_total_tokens:
-            raise ValidationError(
-                f"prompt has {num_prompt} tokens, more than max_total_tokens={self.config.max_total_tokens}"
-                " and chunked prefill is disabled",
-                param="prompt",
-            )
-        if params.n > self.config.max_num_seqs:
-            raise ValidationError(f"n must be at most max_num_seqs={self.config.max_num_seqs}, got {params.n}", param="n")
+        self.admission.check_fits(token_ids, params)
         with self._lock:
             request_id = request_id or uuid.uuid4().hex
             if request_id in self._requests:
@@ -175,6 +205,14 @@ class InferenceEngine:
             self._inbox.append(request)
         return request_id
 
+    def _withdraw(self, request_ids: list[str]) -> None:
+        """Forget requests still in the inbox, as if never submitted (the stepping thread's own, not yet taken)."""
+        with self._lock:
+            withdrawn = set(request_ids)
+            self._inbox = [r for r in self._inbox if r.request_id not in withdrawn]
+            for request_id in withdrawn:
+                self._requests.pop(request_id, None)
+
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its blocks are freed at the next step. False if it is unknown or finished."""
         with self._lock:
@@ -192,17 +230,33 @@ class InferenceEngine:
 
     def step(self) -> list[CompletedRequest]:
         """Run one scheduling step and return the requests that finished in it."""
+        if not self._step_lock.acquire(blocking=False):
+            raise EngineError(
+                "step() is already running in another thread: drive an engine from one thread"
+                " (other threads may submit and abort)"
+            )
+        try:
+            if self._closed:
+                raise SchedulerError("the engine is closed")
+            return self._step()
+        finally:
+            self._step_lock.release()
+
+    def _step(self) -> list[CompletedRequest]:
         started = time.monotonic()
         finished: list[Request] = []
         self._take_inbox(finished)
         plan = self.scheduler.schedule()
         if plan.work:
+            batch, problems = self._batch(plan)
             try:
-                output = self._execute(plan)
+                output = self._execute(batch)
+                problems.update(check_execution_output(output, batch, self.model_info.vocab_size, self.plugin_names["executor"]))
             except ExecutionError as error:
                 self._fail_batch(plan, error, finished)
             else:
-                self._process(plan, output, finished)
+                self._process(plan, output, problems, finished)
+        self._end_broken_callbacks(finished)
         completed = [self._finish_request(r) for r in finished]
         self._update_metrics(plan, started)
         return completed
@@ -229,52 +283,77 @@ class InferenceEngine:
             if request is not None and not request.is_finished:
                 self._end_request(request, FinishReason.ABORT, finished)
 
-    def _execute(self, plan: SchedulerOutput) -> ExecutionOutput:
-        """Run the step's batch, retrying a failing executor; ``ExecutionError`` once retries run out."""
-        batch = ExecutionBatch(
-            sequences=[
-                ScheduledSequence(
-                    seq_id=w.seq.seq_id,
-                    token_ids=w.seq.token_ids[w.seq.num_computed_tokens : w.seq.num_computed_tokens + w.num_new_tokens],
-                    start_position=w.seq.num_computed_tokens,
-                    block_table=self.allocator.block_table(w.seq.seq_id),
-                    do_sample=w.do_sample,
-                    params=w.seq.request.params,
-                    all_token_ids=w.seq.token_ids,
-                    num_prompt_tokens=w.seq.num_prompt_tokens,
-                    seed=w.seq.sampling_seed,
-                )
-                for w in plan.work
-            ],
-            block_size=self.config.block_size,
-            block_copies=plan.block_copies,
-        )
+    def _batch(self, plan: SchedulerOutput) -> tuple[ExecutionBatch, dict[int, str]]:
+        """The step's batch, and why any of its sequences cannot run (a block table that cannot hold it)."""
+        sequences, problems = [], {}
+        allocator_plugin = self.plugin_names["cache_allocator"]
+        for work in plan.work:
+            seq = work.seq
+            scheduled = ScheduledSequence(
+                seq_id=seq.seq_id,
+                token_ids=seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + work.num_new_tokens],
+                start_position=seq.num_computed_tokens,
+                block_table=self.allocator.block_table(seq.seq_id),
+                do_sample=work.do_sample,
+                params=seq.request.params,
+                all_token_ids=seq.token_ids,
+                num_prompt_tokens=seq.num_prompt_tokens,
+                seed=seq.sampling_seed,
+            )
+            problem = block_table_problem(scheduled, self.config.block_size, self.num_blocks, allocator_plugin)
+            if problem is None:
+                sequences.append(scheduled)
+            else:
+                log.error("invalid block table", plugin=allocator_plugin, problem=problem)
+                problems[seq.seq_id] = problem
+        return ExecutionBatch(sequences, block_size=self.config.block_size, block_copies=plan.block_copies), problems
+
+    def _execute(self, batch: ExecutionBatch) -> ExecutionOutput:
+        """Run the step's batch, retrying a failing executor; ``ExecutionError`` once retries run out.
+
+        The error's message, which the batch's requests report, names the
+        executor and an error id; the exception itself is only logged.
+        """
+        if not batch.sequences:
+            return ExecutionOutput({})
         attempts = self.config.max_retry_attempts + 1
-        error = ""
+        error_id = uuid.uuid4().hex[:12]
+        plugin = self.plugin_names["executor"]
         for attempt in range(1, attempts + 1):
             try:
                 return self.executor.execute(batch)
             except Exception as exc:  # any executor fault: retry, then fail only this batch's requests
-                error = f"{type(exc).__name__}: {exc}"
-                log.warning("executor failed", attempt=attempt, error=error)
+                log.warning(
+                    "executor failed", plugin=plugin, attempt=attempt, error_id=error_id, error=f"{type(exc).__name__}: {exc}",
+                    exc_info=exc,
+                )
                 if attempt < attempts:
                     self.metrics.num_execution_retries += 1
-        raise ExecutionError(f"execution failed after {attempts} attempts: {error}")
+        raise ExecutionError(
+            f"executor plugin {plugin!r} failed to run the batch {attempts} times (error id {error_id}; details in the log)"
+        )
 
     def _fail_batch(self, plan: SchedulerOutput, error: ExecutionError, finished: list[Request]) -> None:
         for request in {id(w.seq.request): w.seq.request for w in plan.work}.values():
-            if not request.is_finished:
-                request.error = error.message
-                self._end_request(request, FinishReason.ERROR, finished)
+            self._fail_request(request, error.message, finished)
 
-    def _process(self, plan: SchedulerOutput, output: ExecutionOutput, finished: list[Request]) -> None:
+    def _fail_request(self, request: Request, message: str, finished: list[Request]) -> None:
+        if not request.is_finished:
+            request.error = message
+            self._end_request(request, FinishReason.ERROR, finished)
+
+    def _process(self, plan: SchedulerOutput, output: ExecutionOutput, problems: dict[int, str], finished: list[Request]) -> None:
         for work in plan.work:
             seq = work.seq
             if seq.is_finished:  # its request ended earlier in this loop
                 continue
+            problem = problems.get(seq.seq_id)
+            if problem is not None:
+                self._fail_request(seq.request, problem, finished)
+                continue
             seq.num_computed_tokens += work.num_new_tokens
             if work.do_sample:
-                logprobs = output.logprobs.get(seq.seq_id)
+                logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
                 self.outputs.append_token(seq, output.sampled_token_ids[seq.seq_id], logprobs)
                 self.metrics.generation_tokens += 1
                 if seq.finish_reason is not None:
@@ -286,8 +365,25 @@ class InferenceEngine:
                 self.scheduler.fork(seq)
 
     def _emit(self, seq: Sequence, num_new_tokens: int, num_new_logprobs: int) -> None:
-        if seq.request.on_output is not None:
-            seq.request.on_output(self.outputs.delta(seq, num_new_tokens, num_new_logprobs))
+        request = seq.request
+        if request.on_output is None:
+            return
+        delta = self.outputs.delta(seq, num_new_tokens, num_new_logprobs)
+        try:
+            request.on_output(delta)
+        except Exception as exc:  # the caller's callback: its request ends, the others go on
+            log.error("on_output callback failed", request_id=request.request_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            request.on_output = None
+            if not request.is_finished:
+                request.error = f"the on_output callback raised {type(exc).__name__}: {exc}"
+                self._broken_callbacks.append(request)
+
+    def _end_broken_callbacks(self, finished: list[Request]) -> None:
+        """End the requests whose callback raised this step (those not finished anyway)."""
+        broken, self._broken_callbacks = self._broken_callbacks, []
+        for request in broken:
+            if not request.is_finished:
+                self._end_request(request, FinishReason.ERROR, finished)
 
     def _finish_sequence(self, seq: Sequence) -> None:
         seq.state = RequestState.FAILED if seq.finish_reason is FinishReason.ERROR else RequestState.COMPLETED
@@ -326,7 +422,7 @@ class InferenceEngine:
             self._requests.pop(request.request_id, None)
         completed = completed_request(request)
         self.metrics.requests_finished[completed.finish_reason] += 1
-        log.info(
+        log.debug(
             "request finished",
             request_id=request.request_id,
             finish_reason=completed.finish_reason.value,
@@ -336,7 +432,7 @@ class InferenceEngine:
             duration_s=round(completed.duration, 4),
             error=completed.error,
         )
-        if self._finish_observers is not None:
+        if self._finish_observers:
             self._finish_observers(engine=self, completed=completed)
         return completed
 
@@ -350,7 +446,9 @@ class InferenceEngine:
         metrics.num_running = len(self.scheduler.running)
         metrics.num_waiting = len(self.scheduler.waiting)
         metrics.kv_cache_usage = stats.usage
-        if self._step_observers is not None:
+        if not self.scheduler.running:
+            self._check_no_blocks_held(stats)
+        if self._step_observers:
             self._step_observers(
                 engine=self,
                 stats=StepStats(
@@ -366,6 +464,17 @@ class InferenceEngine:
                 ),
             )
 
+    def _check_no_blocks_held(self, stats: MemoryStats) -> None:
+        """With nothing running every block must be back: report an allocator that leaks (once)."""
+        if (stats.used_blocks or stats.num_sequences) and not self._leak_reported:
+            self._leak_reported = True
+            log.error(
+                "cache allocator leaks blocks: none runs, yet blocks are in use",
+                plugin=self.plugin_names["cache_allocator"],
+                used_blocks=stats.used_blocks,
+                num_sequences=stats.num_sequences,
+            )
+
     # ------------------------------------------------------------------ conveniences
 
     def run(self) -> list[CompletedRequest]:
@@ -378,8 +487,19 @@ class InferenceEngine:
     def generate(
         self, prompts: SequenceOf[str | SequenceOf[int]], params: GenerationParams | None = None
     ) -> list[CompletedRequest]:
-        """Submit ``prompts``, run until they finish, and return their records in prompt order."""
-        ids = [self.submit_request(p, params) for p in prompts]
+        """Submit ``prompts``, run until they finish, and return their records in prompt order.
+
+        When one prompt is rejected, none of them runs (the error is raised).
+        """
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)):
+            raise ValidationError(f"prompts must be a list, got {type(prompts).__name__}", param="prompt")
+        ids: list[str] = []
+        try:
+            for prompt in prompts:
+                ids.append(self.submit_request(prompt, params))
+        except BaseException:
+            self._withdraw(ids)
+            raise
         done: dict[str, CompletedRequest] = {}
         while not all(i in done for i in ids):
             for record in self.step():
@@ -408,4 +528,9 @@ class InferenceEngine:
         return self.allocator.stats()
 
     def close(self) -> None:
+        """Release the executor; later submits and steps fail with ``SchedulerError``. Closing twice is harmless."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self.executor.close()

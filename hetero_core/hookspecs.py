@@ -2,8 +2,12 @@
 
 Two phases. *Discovery* hooks run once, when an engine (or ``hetero-infer
 plugins``) collects the installed components: each receives a ``register``
-callable and calls it with a unique name and a factory. *Observer* hooks run
-while an engine works; they only watch, and return nothing.
+callable and calls it as ``register(name, factory, options=Options)``: a unique
+name, a factory, and optionally the attrs class of the component's options
+(see :mod:`hetero_core.components`: options are validated against it, and
+``hetero-infer plugins`` lists them). *Observer* hooks run while an engine
+works; they only watch, and return nothing: one that raises is logged with
+its plugin's name and the engine goes on.
 
 The marker and the entry-point group are both named ``hetero_infer``.
 """
@@ -17,7 +21,7 @@ import pluggy
 hookspec = pluggy.HookspecMarker("hetero_infer")
 hookimpl = pluggy.HookimplMarker("hetero_infer")
 
-Register = Callable[[str, Callable[..., Any]], None]
+Register = Callable[..., None]  # register(name, factory, options=None)
 
 
 # --------------------------------------------------------------------------- discovery

@@ -10,8 +10,12 @@ from hetero_core.errors import ValidationError
 from hetero_core.validators import number_in, optional
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20
 MAX_N = 64
+MAX_INT = 2**31 - 1  # the largest count or token id any field takes (executors index with int32)
+GREEDY_BELOW_TEMPERATURE = 1e-5  # lower temperatures are greedy: dividing logits by them is not finite
+MIN_REPETITION_PENALTY = 0.01  # logits are divided or multiplied by it; below this they lose all meaning
 
 
 def _to_tuple(value: Any) -> Any:
@@ -25,6 +29,11 @@ def _to_tuple(value: Any) -> Any:
 def _check_stop(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, tuple) or not all(isinstance(s, str) and s for s in value):
         raise ValidationError(f"{attribute.name} must be a list of non-empty strings, got {value!r}", param="stop")
+    for stop in value:
+        try:
+            stop.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValidationError(f"stop string {stop!r} is not valid Unicode text: {exc.reason}", param="stop") from exc
     if len(value) > MAX_STOP_STRINGS:
         raise ValidationError(
             f"{attribute.name} allows at most {MAX_STOP_STRINGS} strings, got {len(value)}", param="stop"
@@ -32,10 +41,21 @@ def _check_stop(_instance: Any, attribute: Any, value: Any) -> None:
 
 
 def _check_token_ids(_instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, tuple) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+    if not isinstance(value, tuple) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_INT for t in value
+    ):
         raise ValidationError(
-            f"{attribute.name} must be a list of non-negative integers, got {value!r}", param=attribute.name
+            f"{attribute.name} must be a list of integers in [0, {MAX_INT}], got {value!r}", param=attribute.name
         )
+    if len(value) > MAX_STOP_TOKEN_IDS:
+        raise ValidationError(
+            f"{attribute.name} allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(value)}", param=attribute.name
+        )
+
+
+def _check_bool(_instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValidationError(f"{attribute.name} must be true or false, got {value!r}", param=attribute.name)
 
 
 @attrs.frozen
@@ -44,26 +64,30 @@ class GenerationParams:
 
     Every field is validated on construction; an invalid value raises
     :class:`~hetero_core.errors.ValidationError` naming the field, the value
-    and the allowed range. ``temperature == 0`` means greedy decoding, and
-    then the other sampling knobs (top_p, top_k, min_p) have no effect.
+    and the allowed range. Every number is bounded, so no value can overflow
+    an executor's arithmetic; the engine further bounds ``top_k`` and
+    ``stop_token_ids`` by the model's vocabulary and ``max_tokens`` by its
+    context. A ``temperature`` below ``GREEDY_BELOW_TEMPERATURE`` (1e-5),
+    0 included, means greedy decoding, and then the other sampling knobs
+    (top_p, top_k, min_p) have no effect.
     """
 
-    max_tokens: int = attrs.field(default=100, validator=number_in(1, None, integer=True))
+    max_tokens: int = attrs.field(default=100, validator=number_in(1, MAX_INT, integer=True))
     temperature: float = attrs.field(default=1.0, validator=number_in(0.0, 2.0))
     top_p: float = attrs.field(default=0.9, validator=number_in(0.0, 1.0, low_open=True))
-    top_k: int | None = attrs.field(default=None, validator=optional(number_in(1, None, integer=True)))
+    top_k: int | None = attrs.field(default=None, validator=optional(number_in(1, MAX_INT, integer=True)))
     min_p: float = attrs.field(default=0.0, validator=number_in(0.0, 1.0))
-    repetition_penalty: float = attrs.field(default=1.0, validator=number_in(0.0, 2.0, low_open=True))
+    repetition_penalty: float = attrs.field(default=1.0, validator=number_in(MIN_REPETITION_PENALTY, 2.0))
     presence_penalty: float = attrs.field(default=0.0, validator=number_in(-2.0, 2.0))
     frequency_penalty: float = attrs.field(default=0.0, validator=number_in(-2.0, 2.0))
     seed: int | None = attrs.field(default=None, validator=optional(number_in(0, 2**63 - 1, integer=True)))
     stop: tuple[str, ...] = attrs.field(default=(), converter=_to_tuple, validator=_check_stop)
     stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_to_tuple, validator=_check_token_ids)
-    ignore_eos: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    min_tokens: int = attrs.field(default=0, validator=number_in(0, None, integer=True))
+    ignore_eos: bool = attrs.field(default=False, validator=_check_bool)
+    min_tokens: int = attrs.field(default=0, validator=number_in(0, MAX_INT, integer=True))
     n: int = attrs.field(default=1, validator=number_in(1, MAX_N, integer=True))
     logprobs: int | None = attrs.field(default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True)))
-    priority: int = attrs.field(default=0, validator=number_in(None, None, integer=True))
+    priority: int = attrs.field(default=0, validator=number_in(-(2**63), 2**63 - 1, integer=True))
 
     def __attrs_post_init__(self) -> None:
         if self.min_tokens > self.max_tokens:
@@ -74,11 +98,13 @@ class GenerationParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> GenerationParams:
         """Build from a dict, rejecting unknown keys by name."""
+        if not isinstance(values, Mapping) or not all(isinstance(k, str) for k in values):
+            raise ValidationError(f"generation parameters must be a mapping of names to values, got {values!r}")
         unknown = sorted(set(values) - set(attrs.fields_dict(cls)))
         if unknown:
             raise ValidationError(f"unknown generation parameter(s): {', '.join(unknown)}", param=unknown[0])

@@ -1,42 +1,63 @@
-"""Finding plugins and the components they register.
+"""Finding plugins, and surviving the ones that are broken.
 
 Plugins come from three places, all through the same hooks: the built-in
 reference components (:mod:`hetero_core.builtin`), installed distributions
 that declare an entry point in the ``hetero_infer`` group, and modules named
 in ``config.plugins.load``. ``HETERO_DISABLE_PLUGINS=a,b`` (or
-``config.plugins.disable``) blocks plugins by name before they load;
-``HETERO_PLUGINS=a,b`` loads only those installed plugins (the built-ins
-still load unless disabled).
+``config.plugins.disable``) blocks plugins by name before they load.
+``HETERO_PLUGINS=a,b`` loads only those of the other installed plugins:
+the built-ins and the plugins that ship with hetero-infer
+(``BUNDLED_PLUGINS``, which provide the default components) still load
+unless disabled. A name in either list that names no plugin is an error
+listing the installed ones.
+
+A plugin that fails to import, to register or to describe its components is
+*broken*: it is logged and listed by name (``PluginManager.broken``,
+``hetero-infer plugins``) and the others work; choosing one of its
+components says so.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import inspect
 import os
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-import attrs
 import pluggy
 
 from hetero_core import hookspecs
 from hetero_core.builtin import plugin as builtin_plugin
+from hetero_core.components import EXTENSION_POINTS, ComponentRegistry, Registration, describe_options
 from hetero_core.errors import ConfigError
+from hetero_core.logs import get_logger
+
+__all__ = ["EXTENSION_POINTS", "ComponentRegistry", "PluginManager", "Registration", "create_plugin_manager", "describe_plugins"]
+
+log = get_logger(__name__)
 
 ENTRY_POINT_GROUP = "hetero_infer"
 DISABLE_ENV = "HETERO_DISABLE_PLUGINS"
 ALLOW_ENV = "HETERO_PLUGINS"
 BUILTIN_PLUGIN = "builtin"
+BUNDLED_PLUGINS = frozenset({"huggingface", "schedulers", "paged", "torch", "numba-cuda"})
 
-# extension point -> the discovery hook that fills it
-EXTENSION_POINTS: dict[str, str] = {
-    "tokenizer": "register_tokenizers",
-    "scheduler": "register_scheduler_policies",
-    "cache_allocator": "register_cache_allocators",
-    "executor": "register_executors",
-    "structured_output": "register_structured_output_backends",
-}
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, plus what could not load and the versions of what did."""
+
+    def __init__(self) -> None:
+        super().__init__(ENTRY_POINT_GROUP)
+        self.broken: dict[str, str] = {}  # plugin name -> why it does not work
+        self.versions: dict[str, str] = {}  # plugin name -> its distribution's version
+        self.disabled_entry_points: dict[str, importlib.metadata.EntryPoint] = {}
+
+    def mark_broken(self, name: str, problem: str) -> None:
+        self.broken[name] = problem
+        log.warning("plugin is broken and left out", plugin=name, problem=problem)
+        plugin = self.get_plugin(name)
+        if plugin is not None:
+            self.unregister(plugin)
 
 
 def _env_names(variable: str) -> list[str] | None:
@@ -46,13 +67,26 @@ def _env_names(variable: str) -> list[str] | None:
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _check_names(names: Iterable[str], known: Iterable[str], what: str) -> None:
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{what} names no installed plugin: {', '.join(map(repr, unknown))}; installed: {', '.join(sorted(known))}",
+            param="plugins",
+        )
+
+
 def create_plugin_manager(
     *,
     disable: Iterable[str] = (),
     load: Iterable[str] = (),
     entry_points: bool = True,
     builtin: bool = True,
-) -> pluggy.PluginManager:
+) -> PluginManager:
     """A plugin manager with the hook specs, the built-ins and the installed plugins loaded.
 
     :param disable: plugin names to block, on top of ``HETERO_DISABLE_PLUGINS``.
@@ -61,119 +95,92 @@ def create_plugin_manager(
         and register inline plugins themselves).
     :param builtin: register :mod:`hetero_core.builtin`.
     """
-    pm = pluggy.PluginManager(ENTRY_POINT_GROUP)
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
-    for name in [*(_env_names(DISABLE_ENV) or []), *disable]:
+    installed = _entry_points() if entry_points else {}
+    load = list(load)
+    disabled = [*(_env_names(DISABLE_ENV) or []), *disable]
+    allowed = _env_names(ALLOW_ENV) if entry_points else None
+    if entry_points:  # with inline plugins only (tests), the names cannot be known yet
+        _check_names(disabled, [BUILTIN_PLUGIN, *installed, *load], f"{DISABLE_ENV} / plugins.disable")
+    if allowed is not None:
+        _check_names(allowed, installed, ALLOW_ENV)
+    for name in disabled:
         pm.set_blocked(name)
+        if name in installed:
+            pm.disabled_entry_points[name] = installed[name]
     if builtin and not pm.is_blocked(BUILTIN_PLUGIN):
         pm.register(builtin_plugin, name=BUILTIN_PLUGIN)
-    if entry_points:
-        allowed = _env_names(ALLOW_ENV)
-        if allowed is None:
-            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        else:
-            for name in allowed:
-                pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=name)
-    for module_path in load:
-        if pm.is_blocked(module_path) or pm.has_plugin(module_path):
+        pm.versions[BUILTIN_PLUGIN] = importlib.metadata.version("hetero-core")
+    for name, entry_point in sorted(installed.items()):
+        if pm.is_blocked(name) or (allowed is not None and name not in allowed and name not in BUNDLED_PLUGINS):
             continue
-        try:
-            module = importlib.import_module(module_path)
-        except ImportError as exc:
-            raise ConfigError(f"cannot import plugin module {module_path!r}: {exc}", param="plugins.load") from exc
-        pm.register(module, name=module_path)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as exc:
-        raise ConfigError(f"plugin {pm.get_name(exc.plugin)!r} implements an unknown hook: {exc}") from exc
+        _load_entry_point(pm, name, entry_point)
+    for module_path in load:
+        _load_module(pm, module_path)
+    _check_hooks(pm)
     return pm
 
 
-@attrs.frozen
-class Registration:
-    """One named component factory and the plugin that registered it."""
+def _load_entry_point(pm: PluginManager, name: str, entry_point: importlib.metadata.EntryPoint) -> None:
+    try:
+        plugin = entry_point.load()
+        pm.register(plugin, name=name)
+    except Exception as exc:  # a broken plugin harms only itself
+        pm.mark_broken(name, f"cannot load entry point {entry_point.value!r}: {type(exc).__name__}: {exc}")
+        return
+    if entry_point.dist is not None:
+        pm.versions[name] = entry_point.dist.version
 
-    point: str
-    name: str
-    factory: Callable[..., Any]
-    plugin: str
+
+def _load_module(pm: PluginManager, module_path: str) -> None:
+    """A plugin named in ``config.plugins.load``: the user asked for it, so failing to import it is an error."""
+    if pm.is_blocked(module_path) or pm.has_plugin(module_path):
+        return
+    try:
+        module = importlib.import_module(module_path)
+    except Exception as exc:
+        raise ConfigError(f"cannot import plugin module {module_path!r}: {type(exc).__name__}: {exc}", param="plugins.load") from exc
+    if pm.is_registered(module):  # also installed as an entry point: loaded already
+        return
+    try:
+        pm.register(module, name=module_path)
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(f"plugin module {module_path!r} is invalid: {exc}", param="plugins.load") from exc
 
 
-class ComponentRegistry:
-    """Every component the loaded plugins register, by extension point and name."""
-
-    def __init__(self, pm: pluggy.PluginManager) -> None:
-        self._registrations: dict[str, dict[str, Registration]] = {point: {} for point in EXTENSION_POINTS}
-        for point, hook_name in EXTENSION_POINTS.items():
-            for impl in getattr(pm.hook, hook_name).get_hookimpls():
-                impl.function(register=self._register_callback(point, impl.plugin_name))
-
-    def _register_callback(self, point: str, plugin: str) -> Callable[[str, Callable[..., Any]], None]:
-        def register(name: str, factory: Callable[..., Any]) -> None:
-            if not isinstance(name, str) or not name:
-                raise ConfigError(f"plugin {plugin!r} registered a {point} with an invalid name {name!r}")
-            if not callable(factory):
-                raise ConfigError(f"plugin {plugin!r} registered {point} {name!r} with a factory that is not callable")
-            existing = self._registrations[point].get(name)
-            if existing is not None:
-                raise ConfigError(
-                    f"{point} name {name!r} is registered twice: by plugin {existing.plugin!r} and by plugin {plugin!r};"
-                    f" disable one of them (HETERO_DISABLE_PLUGINS or plugins.disable)"
-                )
-            self._registrations[point][name] = Registration(point, name, factory, plugin)
-
-        return register
-
-    def names(self, point: str) -> list[str]:
-        return sorted(self._registrations[point])
-
-    def registrations(self, point: str) -> list[Registration]:
-        return [self._registrations[point][name] for name in self.names(point)]
-
-    def get(self, point: str, name: str) -> Registration:
-        registration = self._registrations[point].get(name)
-        if registration is None:
-            installed = ", ".join(repr(n) for n in self.names(point)) or "none"
-            raise ConfigError(f"unknown {point} {name!r}; installed: {installed}", param=point)
-        return registration
-
-    def create(self, point: str, name: str, options: dict[str, Any], *args: Any) -> Any:
-        """Call the factory registered as ``name`` with ``args`` and the keyword ``options``."""
-        registration = self.get(point, name)
+def _check_hooks(pm: PluginManager) -> None:
+    """An implementation of a hook that does not exist (a typo) breaks its plugin, loudly."""
+    while True:
         try:
-            inspect.signature(registration.factory).bind(*args, **options)
-        except TypeError as exc:
-            raise ConfigError(f"{point} {name!r} does not accept options {sorted(options)}: {exc}", param=point) from exc
-        except ValueError:  # no signature to check (a builtin); let the call decide
-            pass
-        return registration.factory(*args, **options)
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = pm.get_name(exc.plugin)
+            if name not in pm.versions and name != BUILTIN_PLUGIN:  # named in plugins.load: the user's own
+                raise ConfigError(f"plugin {name!r} implements an unknown hook: {exc}", param="plugins.load") from exc
+            pm.mark_broken(name, f"implements an unknown hook: {exc}")
+        else:
+            return
 
 
-def _plugin_version(pm: pluggy.PluginManager, plugin: Any) -> str | None:
-    for registered, dist in pm.list_plugin_distinfo():
-        if registered is plugin:
-            return dist.version
-    if plugin is builtin_plugin:
-        return importlib.metadata.version("hetero-core")
-    return None
-
-
-def describe_plugins(pm: pluggy.PluginManager) -> list[dict[str, Any]]:
-    """Each loaded plugin: name, version, the hooks it implements and the components it registers."""
+def describe_plugins(pm: PluginManager) -> list[dict[str, Any]]:
+    """Each plugin: name, version, hooks, components with their options; broken ones with their problem."""
     registry = ComponentRegistry(pm)
     described = []
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda item: item[0]):
         if plugin is None:  # blocked
             continue
         components = {
-            point: [r.name for r in registry.registrations(point) if r.plugin == name] for point in EXTENSION_POINTS
+            point: {r.name: describe_options(r) for r in registry.registrations(point) if r.plugin == name}
+            for point in EXTENSION_POINTS
         }
         described.append(
             {
                 "name": name,
-                "version": _plugin_version(pm, plugin),
+                "version": pm.versions.get(name),
                 "hooks": sorted(impl.name for impl in pm.get_hookcallers(plugin) or ()),
-                "components": {point: names for point, names in components.items() if names},
+                "components": {point: found for point, found in components.items() if found},
             }
         )
-    return described
+    described += [{"name": name, "broken": problem} for name, problem in sorted(pm.broken.items())]
+    return sorted(described, key=lambda p: p["name"])

@@ -236,10 +236,17 @@ class Executor(Protocol):
         Every new key/value of the batch is written to its slot before any
         attention reads the cache. Returns a token for every sequence with
         ``do_sample``, sampled with its params on the executor's device (and
-        logprobs where ``params.logprobs`` is set). Raises ``ExecutionError``
-        (or any exception) on failure; the engine may retry the same batch,
-        so a failed call must leave no partial state that changes the retry's
-        result.
+        logprobs where ``params.logprobs`` is set), or, for a sequence it
+        cannot handle, an entry in ``ExecutionOutput.errors``: that sequence
+        fails alone. Raises ``ExecutionError`` (or any exception) when the
+        whole batch fails; the engine may retry the same batch, so a failed
+        call must leave no partial state that changes the retry's result.
+
+        The engine checks the output cheaply at the boundary: every sampled
+        sequence has exactly one int token in ``[0, vocab_size)`` or an
+        error, and logprobs are finite and at most 0. A sequence whose
+        output breaks these rules fails with an ``ExecutionError`` naming
+        the executor's plugin.
         """
         ...
 

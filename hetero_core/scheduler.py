@@ -26,6 +26,7 @@ import attrs
 
 from hetero_core.batch import BlockCopy
 from hetero_core.config import EngineConfig
+from hetero_core.errors import SchedulerError
 from hetero_core.protocols import CacheAllocator, SchedulerPolicy
 from hetero_core.sequence import RequestState, Sequence
 
@@ -68,9 +69,12 @@ class Scheduler:
         policy: SchedulerPolicy,
         allocator: CacheAllocator,
         seq_ids: Iterator[int] | None = None,
+        *,
+        policy_plugin: str = "unknown",
     ) -> None:
         self.config = config
         self.policy = policy
+        self.policy_plugin = policy_plugin
         self.allocator = allocator
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -110,7 +114,7 @@ class Scheduler:
         decodes = [s for s in self.running if prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens]
         decode_ids = {s.seq_id for s in decodes}
         prefills = [s for s in self.running if s.seq_id not in decode_ids]
-        for seq in itertools.chain(self.policy.order_waiting(decodes), self.policy.order_waiting(prefills)):
+        for seq in itertools.chain(self._order(decodes), self._order(prefills)):
             if seq_budget == 0 or token_budget == 0:
                 break
             if seq not in self.running:  # preempted earlier in this step
@@ -131,11 +135,34 @@ class Scheduler:
         """Preempt until ``seq`` can grow by ``num_new`` tokens; False if ``seq`` itself was preempted."""
         while not self.allocator.can_append(seq.seq_id, seq.num_computed_tokens, num_new):
             candidates = [s for s in self.running if s.seq_id not in scheduled]
-            victim = self.policy.choose_victim(candidates)
+            victim = self._victim(candidates)
             self._preempt(victim, out)
             if victim is seq:
                 return False
         return True
+
+    def _order(self, seqs: list[Sequence]) -> list[Sequence]:
+        """The policy's order, checked to be a permutation of ``seqs``."""
+        ordered = self.policy.order_waiting(seqs)
+        if not isinstance(ordered, list) or len(ordered) != len(seqs) or {id(s) for s in ordered} != {id(s) for s in seqs}:
+            got = type(ordered).__name__ if not isinstance(ordered, list) else f"{len(ordered)} items"
+            raise SchedulerError(
+                f"scheduler policy plugin {self.policy_plugin!r}: order_waiting must return a permutation of the"
+                f" {len(seqs)} sequences it was given (each once), got {got}"
+            )
+        return ordered
+
+    def _victim(self, candidates: list[Sequence]) -> Sequence:
+        """The policy's preemption victim, checked to be one of ``candidates``."""
+        if not candidates:
+            raise SchedulerError("the cache cannot grow and no running sequence can be preempted")
+        victim = self.policy.choose_victim(candidates)
+        if not any(victim is s for s in candidates):
+            raise SchedulerError(
+                f"scheduler policy plugin {self.policy_plugin!r}: choose_victim must return one of the"
+                f" {len(candidates)} running sequences it was given, got {victim!r:.100}"
+            )
+        return victim
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
@@ -160,7 +187,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, token_budget: int, seq_budget: int) -> None:
         admitted: set[int] = set()
-        for seq in self.policy.order_waiting(self.waiting) if self.waiting else ():
+        for seq in self._order(self.waiting) if self.waiting else ():
             if seq_budget == 0 or token_budget == 0:
                 break
             if self.num_reserved_seqs + 1 + seq.pending_forks > self.config.max_num_seqs:

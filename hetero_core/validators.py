@@ -19,7 +19,7 @@ def number_in(
     error: type[EngineError] = ValidationError,
     integer: bool = False,
 ) -> Validator:
-    """Accept a number in the interval [low, high] (ends open as asked; None = unbounded)."""
+    """Accept a finite number in the interval [low, high] (ends open as asked; None = unbounded)."""
     left = "(" if low_open else "["
     right = ")" if high_open else "]"
     interval = f"{left}{'-inf' if low is None else low}, {'inf' if high is None else high}{right}"
@@ -27,12 +27,22 @@ def number_in(
 
     def check(_instance: Any, attribute: Any, value: Any) -> None:
         kind_ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not kind_ok or (not integer and math.isnan(value)):
+        if isinstance(value, bool) or not kind_ok or (not integer and not math.isfinite(value)):
             raise error(f"{attribute.name} must be {allowed}, got {value!r}", param=attribute.name)
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         if too_low or too_high:
             raise error(f"{attribute.name} must be {allowed}, got {value!r}", param=attribute.name)
+
+    return check
+
+
+def boolean(*, error: type[EngineError] = ValidationError) -> Validator:
+    """Accept True or False only (not 1, not "yes")."""
+
+    def check(_instance: Any, attribute: Any, value: Any) -> None:
+        if not isinstance(value, bool):
+            raise error(f"{attribute.name} must be true or false, got {value!r}", param=attribute.name)
 
     return check
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, strategies as st
 
-from hetero_core.config import ComponentSpec, EngineConfig
+from hetero_core.config import MAX_BLOCK_SIZE, MAX_COUNT, ComponentSpec, EngineConfig
 from hetero_core.errors import ConfigError
 
 SIZES = ["block_size", "max_num_blocks", "max_batch_size", "max_num_seqs", "max_model_len", "max_total_tokens"]
@@ -30,7 +30,10 @@ threshold_values = st.one_of(st.floats(-1, 2), st.just(float("nan")), st.sampled
 
 @given(sizes=st.fixed_dictionaries({name: size_values for name in SIZES}), threshold=threshold_values)
 def test_accepted_exactly_when_sizes_positive_and_threshold_in_range(sizes, threshold) -> None:
-    valid_sizes = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes.values())
+    valid_sizes = all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= (MAX_BLOCK_SIZE if name == "block_size" else MAX_COUNT)
+        for name, v in sizes.items()
+    )
     valid_threshold = isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 < threshold <= 1
     try:
         config = EngineConfig(**sizes, memory_threshold=threshold)
@@ -74,6 +77,15 @@ def test_the_complete_example_loads_and_round_trips() -> None:
         ({"server": {"backend": "command_bridge"}}, "server.command must name the program"),
         ({"memory_threshold": 1.5}, r"memory_threshold must be a number in \(0.0, 1.0\], got 1.5"),
         ({"max_retry_attempts": -1}, "max_retry_attempts"),
+        ({"model": 5}, "model must be a non-empty string, got 5"),
+        ({"kv_cache_memory_mb": float("inf")}, "kv_cache_memory_mb must be a number in .*got inf"),
+        ({"memory_threshold": float("nan")}, "memory_threshold must be a number"),
+        ({"block_size": 10**9}, r"block_size must be an integer in \[1, 1024\], got 1000000000"),
+        ({"max_num_blocks": 2**40}, r"max_num_blocks must be an integer in \[1, 16777216\]"),
+        ({"enable_chunked_prefill": 1}, "enable_chunked_prefill must be true or false, got 1"),
+        ({"server": {"api_key": 12345}}, "api_key must be a non-empty string, got 12345"),
+        ({"server": {"api_key": ""}}, "api_key must be a non-empty string"),
+        ({"server": {"model_name": ["x"]}}, "model_name must be a non-empty string"),
     ],
 )
 def test_bad_values_are_named(values, match: str) -> None:
@@ -90,6 +102,12 @@ def test_unreadable_and_malformed_files(tmp_path) -> None:
         EngineConfig.from_file(bad)
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="must hold a JSON object"):
+        EngineConfig.from_file(bad)
+    bad.write_text('{"max_num_blocks": Infinity}')
+    with pytest.raises(ConfigError, match="max_num_blocks must be an integer.*got inf"):
+        EngineConfig.from_file(bad)
+    bad.write_bytes(b'{"model": "caf\xe9.gguf"}')
+    with pytest.raises(ConfigError, match="is not UTF-8 text: invalid byte at offset 14"):
         EngineConfig.from_file(bad)
 
 

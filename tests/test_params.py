@@ -10,19 +10,20 @@ from hetero_core.params import GenerationParams
 
 # field -> (values accepted, values rejected, text of the allowed range)
 BOUNDS = {
-    "max_tokens": ([1, 10**6], [0, -1, 1.5, True], "[1, inf]"),
-    "temperature": ([0.0, 2.0, 0, 1], [-1e-9, 2.000001, float("nan"), "1"], "[0.0, 2.0]"),
-    "top_p": ([1e-9, 1.0], [0.0, 1.000001, -0.5], "(0.0, 1.0]"),
-    "top_k": ([None, 1, 50], [0, -1, 2.0], "[1, inf]"),
+    "max_tokens": ([1, 10**6, 2**31 - 1], [0, -1, 1.5, True, 2**31], "[1, 2147483647]"),
+    "temperature": ([0.0, 2.0, 0, 1, 1e-38], [-1e-9, 2.000001, float("nan"), float("inf"), "1"], "[0.0, 2.0]"),
+    "top_p": ([1e-9, 1.0], [0.0, 1.000001, -0.5, float("nan")], "(0.0, 1.0]"),
+    "top_k": ([None, 1, 50, 2**31 - 1], [0, -1, 2.0, 9223372036854775808], "[1, 2147483647]"),
     "min_p": ([0.0, 1.0], [-1e-9, 1.01], "[0.0, 1.0]"),
-    "repetition_penalty": ([1e-6, 2.0], [0.0, 2.01], "(0.0, 2.0]"),
+    "repetition_penalty": ([0.01, 2.0], [0.0, 1e-300, 0.0099, 2.01, float("-inf")], "[0.01, 2.0]"),
     "presence_penalty": ([-2.0, 2.0], [-2.01, 2.01], "[-2.0, 2.0]"),
     "frequency_penalty": ([-2.0, 2.0], [-2.01, 2.01], "[-2.0, 2.0]"),
     "seed": ([None, 0, 2**63 - 1], [-1, 2**63, 1.0], "[0, 9223372036854775807]"),
     "n": ([1, 64], [0, 65], "[1, 64]"),
     "logprobs": ([None, 0, 20], [-1, 21], "[0, 20]"),
     "min_tokens": ([0, 100], [-1, 101], "[0"),
-    "priority": ([-(10**9), 0, 10**9], [0.5, None], "integer"),
+    "priority": ([-(10**9), 0, 10**9], [0.5, None, 2**63], "integer"),
+    "ignore_eos": ([True, False], [1, "yes", None], "true or false"),
 }
 
 
@@ -46,7 +47,7 @@ def test_defaults_are_the_seed_ones() -> None:
 def test_stop_strings() -> None:
     assert GenerationParams(stop="END").stop == ("END",)
     assert GenerationParams(stop=["a", "b"]).stop == ("a", "b")
-    for bad in ([""], [3], ["x"] * 17):
+    for bad in ([""], [3], ["x"] * 17, ["ok", "lone \ud800 surrogate"]):
         with pytest.raises(ValidationError, match="stop"):
             GenerationParams(stop=bad)
     with pytest.raises(ValidationError, match="stop_token_ids"):
@@ -68,4 +69,22 @@ def test_from_mapping_names_unknown_keys() -> None:
 )
 def test_every_value_in_range_is_accepted(max_tokens, temperature, top_p, top_k, n) -> None:
     params = GenerationParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, n=n)
-    assert params.is_greedy == (temperature == 0)
+    assert params.is_greedy == (temperature < 1e-5)
+
+
+def test_tiny_temperatures_are_greedy() -> None:
+    assert GenerationParams(temperature=1e-38).is_greedy and GenerationParams(temperature=0).is_greedy
+    assert not GenerationParams(temperature=1e-5).is_greedy
+
+
+def test_stop_token_ids_are_bounded() -> None:
+    with pytest.raises(ValidationError, match="stop_token_ids"):
+        GenerationParams(stop_token_ids=[2**31])
+    with pytest.raises(ValidationError, match="at most 64"):
+        GenerationParams(stop_token_ids=list(range(65)))
+
+
+@pytest.mark.parametrize("values", [None, [("temperature", 1)], {1: 2}, "temperature=0"])
+def test_from_mapping_rejects_what_is_not_a_mapping_of_names(values) -> None:
+    with pytest.raises(ValidationError, match="mapping"):
+        GenerationParams.from_mapping(values)

@@ -51,9 +51,48 @@ def test_unknown_names_list_what_is_installed() -> None:
         registry.get("scheduler", "gamma")
 
 
-def test_unknown_options_are_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="executor 'mock' does not accept options"):
+def test_unknown_options_list_the_accepted_ones() -> None:
+    with pytest.raises(ConfigError, match="executor 'mock' has no option 'bogus'; accepted: vocab_size, eos_token_id,") as raised:
         fresh().create("executor", "mock", {"bogus": 1}, None)
+    assert raised.value.param == "executor.bogus"
+
+
+@pytest.mark.parametrize(
+    ("point", "name", "options", "match"),
+    [
+        ("executor", "mock", {"vocab_size": "many"}, "executor 'mock' option vocab_size must be an integer in \\[1, 2147483647\\], got 'many'"),
+        ("executor", "mock", {"eos_probability": float("inf")}, "eos_probability must be a number in \\[0.0, 1.0\\]"),
+        ("tokenizer", "simple", {"add_bos": 1}, "tokenizer 'simple' option add_bos must be true or false, got 1"),
+    ],
+)
+def test_option_values_are_validated_by_their_class(point, name, options, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        fresh().create(point, name, options, None)
+
+
+def test_options_of_an_undeclared_factory_are_checked_against_its_signature() -> None:
+    class Plain:
+        @hookimpl
+        def register_scheduler_policies(self, register) -> None:
+            register("plain", lambda depth=1: ("plain", depth))
+
+    registry = fresh((Plain(), "plain"))
+    assert registry.create("scheduler", "plain", {"depth": 3}) == ("plain", 3)
+    with pytest.raises(ConfigError, match="scheduler 'plain' has no option 'width'; accepted: depth"):
+        registry.create("scheduler", "plain", {"width": 3})
+
+
+def test_a_factory_that_fails_is_a_config_error_naming_its_plugin() -> None:
+    class Failing:
+        @hookimpl
+        def register_executors(self, register) -> None:
+            def broken(config):
+                raise ValueError("the file is truncated")
+
+            register("broken", broken)
+
+    with pytest.raises(ConfigError, match="executor 'broken' \\(plugin 'failing'\\) failed to start: ValueError: the file is truncated"):
+        fresh((Failing(), "failing")).create("executor", "broken", {}, None)
 
 
 def test_blocking_by_name_and_by_environment(monkeypatch) -> None:
@@ -118,11 +157,17 @@ def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) ->
     pm = create_plugin_manager()
     assert "fake" in ComponentRegistry(pm).names("scheduler")
     listing = {p["name"]: p for p in describe_plugins(pm)}
-    assert listing["fake"] == {"name": "fake", "version": "1.2.3", "hooks": ["register_scheduler_policies"], "components": {"scheduler": ["fake"]}}
+    assert listing["fake"] == {
+        "name": "fake",
+        "version": "1.2.3",
+        "hooks": ["register_scheduler_policies"],
+        "components": {"scheduler": {"fake": {}}},
+    }
     monkeypatch.setenv("HETERO_PLUGINS", "fake")
     allowed = ComponentRegistry(create_plugin_manager())
-    assert allowed.names("scheduler") == ["fake"]
-    assert allowed.names("executor") == ["mock"]  # built-ins still load
+    assert "fake" in allowed.names("scheduler") and "sjf" not in allowed.names("scheduler")
+    # the built-ins and the bundled plugins that provide the default components still load
+    assert {"fcfs", "priority"} <= set(allowed.names("scheduler")) and "mock" in allowed.names("executor")
     monkeypatch.setenv("HETERO_PLUGINS", "")
     monkeypatch.setenv("HETERO_DISABLE_PLUGINS", "fake")
     assert "fake" not in ComponentRegistry(create_plugin_manager()).names("scheduler")
@@ -151,4 +196,64 @@ def test_the_project_plugins_are_found_through_entry_points(
     except importlib.metadata.PackageNotFoundError:
         pytest.skip(f"{distribution} is not installed (pip install -e plugins/{distribution})")
     assert installed_listing[plugin]["version"] == version
-    assert installed_listing[plugin]["components"] == components
+    assert {point: sorted(names) for point, names in installed_listing[plugin]["components"].items()} == components
+
+
+def write_distribution(root, name: str, module: str, source: str) -> None:
+    """An installed distribution with one hetero_infer entry point ``name`` -> ``module``, on sys.path."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[hetero_infer]\n{name} = {module}\n")
+
+
+@pytest.fixture
+def broken_distribution(tmp_path, monkeypatch) -> str:
+    write_distribution(tmp_path, "wreck", "wreck_plugin", "import no_such_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "wreck"
+
+
+def test_a_plugin_that_fails_to_import_is_listed_as_broken_and_the_others_work(broken_distribution) -> None:
+    pm = create_plugin_manager()
+    assert "ModuleNotFoundError" in pm.broken["wreck"] and "no_such_module_anywhere" in pm.broken["wreck"]
+    listing = {p["name"]: p for p in describe_plugins(pm)}
+    assert "ModuleNotFoundError" in listing["wreck"]["broken"] and listing["paged"]["components"]
+    registry = ComponentRegistry(pm)
+    assert "fcfs" in registry.names("scheduler")
+    with pytest.raises(ConfigError, match="unknown executor 'wrecked'.*broken plugins, which may provide it: 'wreck'"):
+        registry.get("executor", "wrecked")
+
+
+def test_a_plugin_whose_register_hook_raises_is_broken_alone() -> None:
+    class Raising:
+        @hookimpl
+        def register_scheduler_policies(self, register) -> None:
+            register("half", lambda: None)
+            raise RuntimeError("registration bug")
+
+    pm = create_plugin_manager(entry_points=False)
+    pm.register(Raising(), name="raising")
+    pm.register(PolicyPlugin("fine"), name="fine")
+    registry = ComponentRegistry(pm)
+    assert registry.names("scheduler") == ["fine"]
+    assert pm.broken == {"raising": "its register_scheduler_policies hook raised RuntimeError: registration bug"}
+
+
+def test_loading_a_module_that_is_also_an_entry_point_loads_it_once(installed_distribution) -> None:
+    pm = create_plugin_manager(load=["fake_policy_plugin"])
+    assert ComponentRegistry(pm).names("scheduler").count("fake") == 1
+
+
+@pytest.mark.parametrize("variable", ["HETERO_PLUGINS", "HETERO_DISABLE_PLUGINS"])
+def test_typos_in_the_plugin_lists_are_errors(monkeypatch, variable: str) -> None:
+    monkeypatch.setenv(variable, "shedulers")
+    with pytest.raises(ConfigError, match=f"{variable}.* names no installed plugin: 'shedulers'; installed: .*schedulers"):
+        create_plugin_manager()
+
+
+def test_choosing_a_component_of_a_disabled_plugin_says_so() -> None:
+    registry = ComponentRegistry(create_plugin_manager(disable=["paged"]))
+    with pytest.raises(ConfigError, match="cache_allocator 'paged' is provided by plugin 'paged', which is disabled"):
+        registry.get("cache_allocator", "paged")

@@ -16,11 +16,25 @@ import math
 import time
 from typing import Any
 
+import attrs
+
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
-from hetero_core.errors import ExecutionError
+from hetero_core.errors import ConfigError, ExecutionError
 from hetero_core.protocols import ModelInfo
+from hetero_core.validators import number_in
 
 SLOT_BYTES = 8
+
+
+@attrs.frozen
+class MockExecutorOptions:
+    """The ``mock`` executor's options (see :class:`MockExecutor`)."""
+
+    vocab_size: int = attrs.field(default=259, validator=number_in(1, 2**31 - 1, integer=True, error=ConfigError))
+    eos_token_id: int = attrs.field(default=257, validator=number_in(0, 2**31 - 1, integer=True, error=ConfigError))
+    eos_probability: float = attrs.field(default=0.0, validator=number_in(0.0, 1.0, error=ConfigError))
+    max_model_len: int = attrs.field(default=1 << 20, validator=number_in(1, 2**31 - 1, integer=True, error=ConfigError))
+    step_latency: float = attrs.field(default=0.0, validator=number_in(0.0, 60.0, error=ConfigError))
 
 
 class MockExecutor:

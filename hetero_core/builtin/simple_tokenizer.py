@@ -9,8 +9,11 @@ from __future__ import annotations
 import codecs
 from typing import Any, Mapping, Sequence
 
-from hetero_core.errors import ValidationError
+import attrs
+
+from hetero_core.errors import ConfigError, ValidationError
 from hetero_core.messages import check_messages
+from hetero_core.validators import boolean
 
 NUM_BYTES = 256
 
@@ -34,6 +37,13 @@ class SimpleDetokenizer:
 
     def finish(self) -> str:
         return self._decoder.decode(b"", final=True)
+
+
+@attrs.frozen
+class SimpleTokenizerOptions:
+    """The ``simple`` tokenizer's options."""
+
+    add_bos: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
 
 
 class SimpleTokenizer:

@@ -1,4 +1,8 @@
-"""Generating from the command line: one prompt, an interactive chat, or a file of prompts."""
+"""Generating from the command line: one prompt, an interactive chat, or a file of prompts.
+
+Each returns the exit status: 0 when every generation finished, 1 when one
+failed (its error is on stderr, and in a batch's output line).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,13 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from hetero_core.engine import InferenceEngine
-from hetero_core.errors import ValidationError
+from hetero_core.errors import CacheMemoryError, ValidationError
 from hetero_core.params import GenerationParams
 
 
 def one_shot(
     engine: InferenceEngine, prompt: str, params: GenerationParams, *, as_chat: bool = True, out: TextIO | None = None
-) -> None:
+) -> int:
     """Stream the answer to ``out`` as it is produced; a summary line goes to stderr.
 
     With ``as_chat`` the prompt is one user message in the model's chat template.
@@ -29,17 +33,26 @@ def one_shot(
         engine.submit_chat([{"role": "user", "content": prompt}], params, on_output=deltas.append)
     else:
         engine.submit_request(prompt, params, on_output=deltas.append)
-    text, num_tokens = _write_while_running(engine, deltas, out)
+    text, num_tokens, error = _write_while_running(engine, deltas, out)
     elapsed = time.monotonic() - started
     out.write("\n")
     out.flush()
+    if error is not None:
+        return _report_failure(error)
     print(f"[{num_tokens} tokens in {elapsed:.2f} s, {num_tokens / elapsed:.1f} tokens/s]", file=sys.stderr)
+    return 0
 
 
-def _write_while_running(engine: InferenceEngine, deltas: list, out: TextIO) -> tuple[str, int]:
-    """Step until the engine is idle, writing each step's new text; return the text and its token count."""
+def _report_failure(error: str) -> int:
+    print(f"hetero-infer: error: generation failed: {error}", file=sys.stderr)
+    return 1
+
+
+def _write_while_running(engine: InferenceEngine, deltas: list, out: TextIO) -> tuple[str, int, str | None]:
+    """Step until the engine is idle, writing each step's new text; return the text, its token count and any error."""
     pieces: list[str] = []
     num_tokens = 0
+    error = None
     while engine.has_pending_work():
         engine.step()
         for delta in deltas:
@@ -47,28 +60,37 @@ def _write_while_running(engine: InferenceEngine, deltas: list, out: TextIO) -> 
             out.flush()
             pieces.append(delta.text)
             num_tokens += len(delta.token_ids)
+            error = error or delta.error
         deltas.clear()
-    return "".join(pieces), num_tokens
+    return "".join(pieces), num_tokens, error
 
 
-def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO | None = None, out: TextIO | None = None) -> None:
-    """An interactive chat with the model's template; the history grows with each turn. Ctrl-D ends it."""
+def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO | None = None, out: TextIO | None = None) -> int:
+    """An interactive chat with the model's template; the history grows with each turn. Ctrl-D ends it.
+
+    A turn that fails is reported and left out of the history; the chat goes on.
+    """
     source, out = source or sys.stdin, out or sys.stdout
     history: list[dict[str, str]] = []
+    status = 0
     while True:
         out.write("> ")
         out.flush()
         line = source.readline()
         if not line:
             out.write("\n")
-            return
+            return status
         if not line.strip():
             continue
         history.append({"role": "user", "content": line.rstrip("\n")})
         deltas: list = []
         engine.submit_chat(history, params, on_output=deltas.append)
-        answer, _ = _write_while_running(engine, deltas, out)
+        answer, _, error = _write_while_running(engine, deltas, out)
         out.write("\n")
+        if error is not None:
+            status = _report_failure(error)
+            history.pop()
+            continue
         history.append({"role": "assistant", "content": answer})
 
 
@@ -91,19 +113,27 @@ def _read_prompts(path: Path) -> list[dict[str, Any]]:
     return items
 
 
-def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, params: GenerationParams) -> None:
-    """Run every prompt through continuous batching, writing one JSON line per result in input order."""
+def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, params: GenerationParams) -> int:
+    """Run every prompt through continuous batching, writing one JSON line per result in input order.
+
+    A failed prompt's line has its ``error``; the status is 1 when any failed.
+    """
     items = _read_prompts(input_file)
     ids = []
-    for item in items:
-        if "messages" in item:
-            ids.append(engine.submit_chat(item["messages"], params))
-        else:
-            ids.append(engine.submit_request(item["prompt"], params))
+    rejected: dict[str, str] = {}  # a prompt the engine refuses is reported in its line; the others run
+    for number, item in enumerate(items, start=1):
+        try:
+            if "messages" in item:
+                ids.append(engine.submit_chat(item["messages"], params))
+            else:
+                ids.append(engine.submit_request(item["prompt"], params))
+        except (ValidationError, CacheMemoryError) as exc:
+            ids.append(f"rejected-{number}")
+            rejected[ids[-1]] = exc.message
     records = {}
     num_tokens = 0
     started = time.monotonic()
-    with tqdm(total=len(ids), unit="req", file=sys.stderr) as progress:
+    with tqdm(total=len(ids) - len(rejected), unit="req", file=sys.stderr) as progress:
         while engine.has_pending_work():
             for record in engine.step():
                 records[record.request_id] = record
@@ -111,13 +141,16 @@ def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, p
                 progress.update(1)
                 progress.set_postfix(tokens_per_s=f"{num_tokens / (time.monotonic() - started):.1f}")
     lines = [
-        json.dumps(
+        json.dumps({"input": item.get("prompt", item.get("messages")), "error": rejected[i]})
+        if i in rejected
+        else json.dumps(
             {
                 "input": item.get("prompt", item.get("messages")),
                 "output": records[i].output_text,
                 "finish_reason": records[i].finish_reason.value,
                 "prompt_tokens": len(records[i].input_tokens),
                 "completion_tokens": len(records[i].generated_tokens),
+                **({"error": records[i].error} if records[i].error else {}),
             }
         )
         for item, i in zip(items, ids)
@@ -127,3 +160,9 @@ def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, p
         sys.stdout.write(text)
     else:
         output_file.write_text(text)
+    errors = {i: rejected.get(i) or records[i].error for i in ids}
+    failed = [(number, errors[i]) for number, i in enumerate(ids, start=1) if errors[i]]
+    if failed:
+        number, error = failed[0]
+        return _report_failure(f"{len(failed)} of {len(ids)} prompts failed; the first, prompt {number}: {error}")
+    return 0

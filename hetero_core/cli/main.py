@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -13,9 +14,12 @@ import attrs
 from hetero_core.cli.bench import run_benchmark
 from hetero_core.cli.generate import batch, chat, one_shot
 from hetero_core.cli.options import add_engine_arguments, add_sampling_arguments, engine_config, generation_params
-from hetero_core.errors import EngineError
-from hetero_core.logs import configure_logging
+from hetero_core.errors import CacheMemoryError, ConfigError, EngineError, ValidationError
+from hetero_core.logs import configure_logging, get_logger
 from hetero_core.plugins import create_plugin_manager, describe_plugins
+
+log = get_logger(__name__)
+API_KEY_ENV = "HETERO_API_KEY"
 
 EXAMPLES = """\
 examples:
@@ -50,13 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.command == "plugins":
-        print(json.dumps(describe_plugins(create_plugin_manager()), indent=2))
-        return 0
     config = engine_config(args)
+    if args.command == "plugins":
+        pm = create_plugin_manager(disable=config.plugins.disable, load=config.plugins.load)
+        print(json.dumps(describe_plugins(pm), indent=2))
+        return 0
     if args.command == "serve" or args.serve:
         from hetero_core.server.run import serve
 
+        if os.environ.get(API_KEY_ENV) == "" and not args.api_key and not config.server.api_key:
+            log.warning("the API key variable is set but empty: the server requires no API key", variable=API_KEY_ENV)
         server_changes = {k: v for k, v in (("host", args.host), ("port", args.port), ("api_key", args.api_key)) if v is not None}
         if server_changes:
             config = config.evolve(server=attrs.evolve(config.server, **server_changes))
@@ -64,20 +71,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     params = generation_params(args)
     if not (args.input or args.chat or args.input_file):
-        raise EngineError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins, bench)")
+        raise ConfigError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins, bench)")
     from hetero_core.engine import InferenceEngine
 
     engine = InferenceEngine(config)
     try:
         if args.input_file:
-            batch(engine, args.input_file, args.output_file, params)
-        elif args.chat:
-            chat(engine, params)
-        else:
-            one_shot(engine, args.input, params, as_chat=not args.raw)
+            return batch(engine, args.input_file, args.output_file, params)
+        if args.chat:
+            return chat(engine, params)
+        return one_shot(engine, args.input, params, as_chat=not args.raw)
     finally:
         engine.close()
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 def guarded(action: Callable[[], int], *, debug: bool) -> int:
     """Run ``action``; unless ``debug``, a failure is one line on stderr and a non-zero status, never a traceback.
 
-    Exit status 2 is a problem with the input (config, flags, files), 1 an internal fault, 130 Ctrl-C.
+    Exit status 2 is a problem with the input (config, flags, files, a request the engine refuses), 1 a
+    generation that failed or an internal fault, 130 Ctrl-C.
     """
     try:
         return action()
@@ -103,7 +109,7 @@ def guarded(action: Callable[[], int], *, debug: bool) -> int:
         if debug:
             raise
         print(f"hetero-infer: error: {describe(exc)}", file=sys.stderr)
-        return 2 if isinstance(exc, (EngineError, OSError)) else 1
+        return 2 if isinstance(exc, (ConfigError, ValidationError, CacheMemoryError, OSError)) else 1
 
 
 def describe(exc: Exception) -> str:

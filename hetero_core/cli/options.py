@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 
 # flags that override the config key of the same name
@@ -20,7 +22,7 @@ ENGINE_FLAGS = (
     "model",
     "seed",
 )
-COMPONENT_FLAGS = ("tokenizer", "scheduler", "executor")  # a name; the file's options stay when the name is the same
+COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor")  # a name; the file's options stay when the name is the same
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +33,17 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="executor compute dtype")
     group.add_argument("--tokenizer", help="tokenizer component name")
     group.add_argument("--scheduler", help="scheduler policy name (fcfs, priority, ...)")
+    group.add_argument("--cache-allocator", help="cache allocator component name (paged, ...)")
     group.add_argument("--executor", help="executor component name (torch, numba-cuda, mock, ...)")
+    group.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        default=[],
+        metavar="COMPONENT.KEY=VALUE",
+        help="a component option, e.g. executor.dtype=float32 or cache_allocator.enable_prefix_caching=false"
+        " (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
+    )
     group.add_argument("--seed", type=int, help="seed for unseeded sampling")
     for flag, kind in (
         ("--block-size", int),
@@ -64,9 +76,29 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         options = dict(current.options) if name == current.name else {}
         if key == "executor" and args.dtype is not None:
             options["dtype"] = args.dtype
+        options.update(component_options(args.option).get(key, {}))
         if (name, options) != (current.name, dict(current.options)):
             changes[key] = {"name": name, **options}
     return config.evolve(**changes) if changes else config
+
+
+def component_options(assignments: list[str]) -> dict[str, dict[str, Any]]:
+    """``COMPONENT.KEY=VALUE`` flags, grouped by component; VALUE is JSON when it parses, else the text."""
+    grouped: dict[str, dict[str, Any]] = {}
+    for assignment in assignments:
+        target, equals, text = assignment.partition("=")
+        component, dot, key = target.partition(".")
+        if not equals or not dot or not key or component not in COMPONENT_FLAGS:
+            raise ConfigError(
+                f"--option takes COMPONENT.KEY=VALUE with COMPONENT one of {', '.join(COMPONENT_FLAGS)}, got {assignment!r}",
+                param="option",
+            )
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        grouped.setdefault(component, {})[key] = value
+    return grouped
 
 
 def generation_params(args: argparse.Namespace) -> GenerationParams:

@@ -1,4 +1,15 @@
-"""Contract tests any plugin can run against itself: subclass the class for your extension point."""
+"""Contract tests any plugin can run against itself: subclass the class for your extension point.
+
+The checks are plain ``assert`` statements; pytest rewrites them (registered
+below, before the modules load), so a failing check shows the values it
+compared. Install the dependencies with ``pip install hetero-core[testing]``.
+"""
+
+import pytest
+
+pytest.register_assert_rewrite(
+    *(f"hetero_core.testing.{module}" for module in ("cache_allocator", "executor", "scheduler_policy", "tokenizer"))
+)
 
 from hetero_core.testing.cache_allocator import CacheAllocatorContract
 from hetero_core.testing.executor import ExecutorContract

@@ -1,17 +1,23 @@
 """Contract tests for executors.
 
 Subclass :class:`ExecutorContract` and override the ``executor`` fixture to
-return a fresh executor (not yet given a cache); the checks size and
-initialise the cache themselves::
+return an executor not yet given a cache; the checks size and initialise
+the cache themselves, once, and every check of the class reuses it, so a
+real model loads once per class (or once per module or session, with a
+wider-scoped fixture behind it)::
 
     class TestMyExecutor(ExecutorContract):
-        @pytest.fixture
+        @pytest.fixture(scope="class")
         def executor(self):
             return MyExecutor(...)
+
+Each check writes the blocks it reads, so the checks do not depend on one
+another or on their order.
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -57,11 +63,13 @@ def prompt(executor: Executor, length: int, seed: int = 0) -> list[int]:
 class ExecutorContract:
     """What every executor must do (see :class:`hetero_core.protocols.Executor`)."""
 
-    @pytest.fixture
+    @pytest.fixture(scope="class")
     def executor(self) -> Executor:
-        raise NotImplementedError("override the 'executor' fixture to return a fresh executor")
+        raise NotImplementedError(
+            "override the 'executor' fixture (scope 'class' or wider) to return an executor without a cache"
+        )
 
-    @pytest.fixture
+    @pytest.fixture(scope="class")
     def ready(self, executor: Executor) -> Executor:
         executor.initialize_cache(NUM_BLOCKS, BLOCK_SIZE)
         executor.warm_up(16, 4)
@@ -133,3 +141,20 @@ class ExecutorContract:
         assert logprobs.logprob <= 0.0
         assert len(logprobs.top) == 3
         assert [lp for _, lp in logprobs.top] == sorted((lp for _, lp in logprobs.top), reverse=True)
+
+    def test_a_tiny_temperature_is_greedy(self, ready: Executor) -> None:
+        tokens = prompt(ready, 6, seed=9)
+        greedy = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1])], BLOCK_SIZE))
+        tiny = GenerationParams(temperature=1e-38, top_p=1.0)
+        out = ready.execute(ExecutionBatch([scheduled(1, tokens, 0, 6, [2, 3], params=tiny)], BLOCK_SIZE))
+        assert out.sampled_token_ids[1] == greedy.sampled_token_ids[0]
+
+    def test_logprobs_stay_finite_under_extreme_parameters(self, ready: Executor) -> None:
+        tokens = prompt(ready, 6, seed=10)
+        vocab_size = ready.model_info.vocab_size
+        extreme = GenerationParams(temperature=2.0, repetition_penalty=0.01, frequency_penalty=2.0, min_tokens=8, logprobs=20)
+        out = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1], params=extreme)], BLOCK_SIZE))
+        assert out.errors == {} and 0 <= out.sampled_token_ids[0] < vocab_size
+        entry = out.logprobs[0]
+        for logprob in [entry.logprob, *(lp for _, lp in entry.top)]:
+            assert math.isfinite(logprob) and logprob <= 0.0

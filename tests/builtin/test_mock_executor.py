@@ -9,6 +9,6 @@ from hetero_core.testing import ExecutorContract
 
 
 class TestMockExecutorContract(ExecutorContract):
-    @pytest.fixture
+    @pytest.fixture(scope="class")
     def executor(self):
         return MockExecutor()

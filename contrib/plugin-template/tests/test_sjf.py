@@ -45,6 +45,14 @@ def test_a_bad_aging_option_is_a_config_error(aging) -> None:
         ShortestPromptFirst(aging=aging)
 
 
+def test_options_are_checked_before_the_policy_is_built() -> None:
+    registry = ComponentRegistry(create_plugin_manager())
+    with pytest.raises(ConfigError, match="scheduler 'sjf' has no option 'agin'; accepted: aging"):
+        registry.create("scheduler", "sjf", {"agin": 3})
+    with pytest.raises(ConfigError, match="scheduler 'sjf' option aging must be an integer"):
+        registry.create("scheduler", "sjf", {"aging": "soon"})
+
+
 def test_discovered_through_its_entry_point() -> None:
     registration = ComponentRegistry(create_plugin_manager()).get("scheduler", "sjf")
     assert registration.plugin == "sjf"

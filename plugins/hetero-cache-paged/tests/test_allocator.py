@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import hetero_cache_paged.allocator as allocator_module
 from hetero_cache_paged import PagedAllocator
-from hetero_cache_paged.plugin import register_cache_allocators
+from hetero_cache_paged.plugin import PagedOptions, register_cache_allocators
 from hetero_core.errors import CacheMemoryError, ConfigError, SchedulerError
 from hetero_core.testing.cache_allocator import CacheAllocatorContract, compute_prompt
 
@@ -24,8 +24,8 @@ class TestPagedWithoutPrefixCachingContract(CacheAllocatorContract):
 
 def test_registered_as_paged() -> None:
     registered = {}
-    register_cache_allocators(lambda name, factory: registered.setdefault(name, factory))
-    assert registered == {"paged": PagedAllocator}
+    register_cache_allocators(lambda name, factory, options=None: registered.setdefault(name, (factory, options)))
+    assert registered == {"paged": (PagedAllocator, PagedOptions)}
 
 
 def test_a_second_prompt_hits_the_shared_prefix() -> None:

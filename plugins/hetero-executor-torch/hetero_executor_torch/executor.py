@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
-import structlog
 import torch
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
 from hetero_core.errors import ConfigError
+from hetero_core.logs import get_logger
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
@@ -20,9 +20,9 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
-from hetero_executor_torch.sampling import Sampler
+from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 MIN_DECODES_TO_SPLIT = 8  # below this, one attention call costs less than two
 
@@ -190,8 +190,7 @@ class TorchExecutor:
             sampled = [s for s in ordered if s.do_sample]
             if not sampled:
                 return ExecutionOutput({})
-            tokens, logprobs = self.sampler(logits, sampled)
-        return ExecutionOutput({s.seq_id: t for s, t in zip(sampled, tokens)}, logprobs)
+            return sample_each_alone_on_failure(self.sampler, logits, sampled)
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""

@@ -1,11 +1,41 @@
-"""Registers the ``torch`` executor."""
+"""Registers the ``torch`` executor, with its options."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
+
+from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
+from hetero_core.validators import number_in, one_of, optional
 from hetero_executor_torch.executor import TorchExecutor
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _device(_instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{attribute.name} must be auto, cpu, cuda or cuda:N, got {value!r}", param=attribute.name)
+
+
+def _decode_graphs(_instance: Any, attribute: Any, value: Any) -> None:
+    if value not in (True, False, "auto") or value in (0, 1) and not isinstance(value, bool):
+        raise ConfigError(f"{attribute.name} must be true, false or 'auto', got {value!r}", param=attribute.name)
+
+
+@attrs.frozen
+class TorchExecutorOptions:
+    """The ``torch`` executor's options (see :class:`TorchExecutor` for what each does)."""
+
+    dtype: str = attrs.field(default="auto", validator=one_of(DTYPE_CHOICES, error=ConfigError))
+    kv_cache_dtype: str = attrs.field(default="auto", validator=one_of(DTYPE_CHOICES, error=ConfigError))
+    device: str = attrs.field(default="auto", validator=_device)
+    num_threads: int | None = attrs.field(default=None, validator=optional(number_in(1, 4096, integer=True, error=ConfigError)))
+    attention: str = attrs.field(default="torch", validator=one_of(TorchExecutor.ATTENTION_BACKENDS, error=ConfigError))
+    decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
 
 
 @hookimpl
 def register_executors(register: Register) -> None:
-    register("torch", TorchExecutor)
+    register("torch", TorchExecutor, options=TorchExecutorOptions)

@@ -7,15 +7,26 @@ truncation and a draw. A draw is ``argmax(probs / E)`` with ``E`` i.i.d.
 exponential noise, which samples exactly from ``probs``; for a seeded
 request the noise comes from a generator seeded by (seed, position), so the
 token depends on nothing else: not the batch, not preemption.
+
+:func:`sample_each_alone_on_failure` wraps a sampler for an executor: a row whose logits are
+not finite (NaN or +inf from the model) or whose sampling fails becomes a
+per-sequence error in the :class:`ExecutionOutput`, and the other rows are
+sampled as if it were not there. Logprobs are clamped at ``MIN_LOGPROB``, so
+none is ever -inf or NaN.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from hetero_core.batch import ScheduledSequence, TokenLogprobs
+from hetero_core.batch import ExecutionOutput, ScheduledSequence, TokenLogprobs
+from hetero_core.logs import get_logger
+
+log = get_logger(__name__)
+
+MIN_LOGPROB = -9999.0  # what a token of probability zero reports
 
 
 def _penalised(params) -> bool:
@@ -37,7 +48,7 @@ class Sampler:
         blocked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
         penalised = [i for i, p in enumerate(params) if _penalised(p)]
         wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if not blocked and not penalised and not wants_logprobs and all(p.temperature == 0.0 for p in params):
+        if not blocked and not penalised and not wants_logprobs and all(p.is_greedy for p in params):
             return logits.argmax(dim=-1).tolist(), {}
         logits = logits.float().clone()
         for i in blocked:
@@ -45,9 +56,9 @@ class Sampler:
             logits[i, [t for t in stops if t < self.vocab_size]] = float("-inf")
         if penalised:
             self._apply_penalties(logits, [seqs[i] for i in penalised], penalised)
-        logprobs = torch.log_softmax(logits, dim=-1) if wants_logprobs else None
+        logprobs = torch.log_softmax(logits, dim=-1).clamp(min=MIN_LOGPROB) if wants_logprobs else None
         tokens = logits.argmax(dim=-1)
-        sampled = [i for i, p in enumerate(params) if p.temperature > 0.0]
+        sampled = [i for i, p in enumerate(params) if not p.is_greedy]
         if sampled:
             rows = torch.tensor(sampled, device=logits.device)
             tokens[rows] = self._sample(logits[rows], [seqs[i] for i in sampled])
@@ -127,3 +138,37 @@ class Sampler:
             top = list(zip(top_ids[row_number][:k], top_values[row_number][:k]))
             result[seqs[i].seq_id] = TokenLogprobs(tokens[i], chosen[row_number], top)
         return result
+
+
+def sample_each_alone_on_failure(
+    sampler: Callable[[torch.Tensor, Sequence[ScheduledSequence]], tuple[list[int], dict[int, TokenLogprobs]]],
+    logits: torch.Tensor,
+    seqs: Sequence[ScheduledSequence],
+) -> ExecutionOutput:
+    """Sample every row with ``sampler``; a row that cannot be sampled is an error of its sequence alone.
+
+    Rows whose logits hold NaN or +inf fail at once; if sampling the others
+    raises, the rows are split in halves and retried until the one at fault
+    is alone (a cost paid only on failure).
+    """
+    broken = (logits.isnan() | (logits == float("inf"))).any(dim=-1).tolist()
+    errors = {s.seq_id: "the model produced non-finite logits for this sequence" for s, bad in zip(seqs, broken) if bad}
+    rows = [i for i, bad in enumerate(broken) if not bad]
+    groups = [rows] if rows else []
+    tokens: dict[int, int] = {}
+    logprobs: dict[int, TokenLogprobs] = {}
+    while groups:
+        group = groups.pop()
+        group_seqs = [seqs[i] for i in group]
+        try:
+            group_tokens, group_logprobs = sampler(logits[group] if len(group) < len(seqs) else logits, group_seqs)
+        except Exception as exc:  # isolate the row at fault: split the group until it is alone
+            if len(group) > 1:
+                groups += [group[: len(group) // 2], group[len(group) // 2 :]]
+                continue
+            log.warning("sampling failed", seq_id=group_seqs[0].seq_id, error=f"{type(exc).__name__}: {exc}")
+            errors[group_seqs[0].seq_id] = "sampling failed for this sequence's parameters"
+            continue
+        tokens.update((s.seq_id, t) for s, t in zip(group_seqs, group_tokens))
+        logprobs.update(group_logprobs)
+    return ExecutionOutput(tokens, logprobs, errors)

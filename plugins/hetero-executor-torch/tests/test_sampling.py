@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from hetero_core.batch import ScheduledSequence
 from hetero_core.params import GenerationParams
-from hetero_executor_torch.sampling import Sampler
+from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
 VOCAB = 16
 
@@ -132,3 +132,27 @@ def test_min_tokens_blocks_eos_and_stop_tokens() -> None:
     assert tokens[0] not in (5, 6)
     done, _ = Sampler(VOCAB, eos_token_id=5)(logits, [seq(params, [0, 1, 2, 3], prompt=1)])
     assert done[0] == 5
+
+
+def test_a_row_that_cannot_be_sampled_fails_alone() -> None:
+    """Non-finite logits, or parameters that break the sampler, are that sequence's error; the rest are sampled."""
+    sampler = Sampler(VOCAB)
+    logits = torch.randn(4, VOCAB)
+    logits[1, 3] = float("nan")
+    broken = GenerationParams(temperature=1.0)
+    object.__setattr__(broken, "top_k", 2**63)  # what validation now refuses: it overflowed the whole batch
+    seqs = [seq(GenerationParams(temperature=0.0), seq_id=i) for i in range(3)] + [seq(broken, seq_id=3)]
+    out = sample_each_alone_on_failure(sampler, logits, seqs)
+    assert set(out.errors) == {1, 3} and "non-finite" in out.errors[1]
+    assert out.sampled_token_ids == {0: int(logits[0].argmax()), 2: int(logits[2].argmax())}
+
+
+def test_tiny_temperature_is_greedy_and_tiny_penalties_stay_finite() -> None:
+    sampler = Sampler(VOCAB)
+    logits = torch.randn(1, VOCAB)
+    tokens, _ = sampler(logits, [seq(GenerationParams(temperature=1e-38))])
+    assert tokens == [int(logits[0].argmax())]
+    params = GenerationParams(temperature=1.0, repetition_penalty=0.01, logprobs=VOCAB, min_tokens=2)
+    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_id=0), logits, [seq(params, [0, 1, 2, 0], prompt=4)])  # EOS blocked: -inf
+    entry = out.logprobs[0]
+    assert all(math.isfinite(lp) and lp <= 0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])

@@ -38,7 +38,7 @@ def test_logits_match_transformers(tmp_path, architecture: str, tie: bool) -> No
 
 
 class TestTinyModelExecutorContract(ExecutorContract):
-    @pytest.fixture
+    @pytest.fixture(scope="class")
     def executor(self, tiny_model):
         return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32")
 
@@ -105,7 +105,7 @@ def test_pool_sized_from_memory(tiny_model) -> None:
 
 
 class TestNumbaAttentionExecutorContract(ExecutorContract):
-    @pytest.fixture
+    @pytest.fixture(scope="class")
     def executor(self, tiny_model):
         return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", attention="numba")
 
