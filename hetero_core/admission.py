@@ -49,6 +49,12 @@ class Admission:
                 f"stop_token_ids must be below the vocabulary size {self.vocab_size}, got {beyond[0]}",
                 param="stop_token_ids",
             )
+        biased = [t for t, _ in params.logit_bias if t >= self.vocab_size]
+        if biased:
+            raise ValidationError(
+                f"logit_bias token ids must be below the vocabulary size {self.vocab_size}, got {biased[0]}",
+                param="logit_bias",
+            )
         return params
 
     def check_token_ids(self, token_ids: SequenceOf[Any]) -> list[int]:

@@ -7,6 +7,8 @@ treat every field as read-only.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from hetero_core.params import GenerationParams
@@ -33,6 +35,11 @@ class ScheduledSequence:
     the executor samples the token that follows the last of ``token_ids``
     and returns it; otherwise (a prefill chunk that is not the prompt's last)
     it returns nothing for this sequence.
+
+    The executor applies what the request wants of its next token: the
+    ``allowed_tokens`` bitmask (structured output; a token outside it must
+    never be sampled) and ``params.logit_bias`` (added to the logits before
+    penalties and sampling), besides the sampling parameters.
     """
 
     seq_id: int
@@ -44,6 +51,7 @@ class ScheduledSequence:
     all_token_ids: list[int]  # the whole sequence so far (prompt then output), for penalties; read-only
     num_prompt_tokens: int
     seed: int | None  # per-sample seed; with it, the token at a given position must not depend on batching
+    allowed_tokens: Any = None  # numpy int32 bitmask row (hetero_core.structured_output) of the tokens it may take; None: all
 
     @property
     def num_tokens(self) -> int:

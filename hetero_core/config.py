@@ -143,6 +143,7 @@ class EngineConfig:
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")
     executor: ComponentSpec = _component("torch")
+    structured_output: ComponentSpec = _component("llguidance")
     plugins: PluginsConfig = attrs.field(factory=PluginsConfig, converter=lambda v: _section(PluginsConfig, v, "plugins"))
     server: ServerConfig = attrs.field(factory=ServerConfig, converter=lambda v: _section(ServerConfig, v, "server"))
 

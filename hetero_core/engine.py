@@ -36,12 +36,15 @@ from hetero_core.output_processor import OutputProcessor, completed_request
 from hetero_core.outputs import CompletedRequest, StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.observers import Observers
-from hetero_core.plugins import EXTENSION_POINTS, ComponentRegistry, create_plugin_manager
+from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import CacheAllocator, Executor, SchedulerPolicy, Tokenizer
 from hetero_core.scheduler import Scheduler, SchedulerOutput
 from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
+from hetero_core.structured_output import StructuredOutput, StructuredOutputBackend, new_bitmask
 
 log = get_logger(__name__)
+
+ENGINE_POINTS = ("tokenizer", "executor", "cache_allocator", "scheduler")  # resolved when the engine is built
 
 OnOutput = Callable[[StreamDelta], None]
 
@@ -58,7 +61,8 @@ class InferenceEngine:
         )
         registry = ComponentRegistry(self.plugin_manager)
         self.config = config
-        self.plugin_names = {point: registry.get(point, getattr(config, point).name).plugin for point in EXTENSION_POINTS}
+        self.plugin_names = {point: registry.get(point, getattr(config, point).name).plugin for point in ENGINE_POINTS}
+        self._registry = registry
         self.tokenizer: Tokenizer = registry.create("tokenizer", config.tokenizer.name, config.tokenizer.options, config)
         self.executor: Executor = registry.create("executor", config.executor.name, config.executor.options, config)
         try:
@@ -88,6 +92,8 @@ class InferenceEngine:
         self._broken_callbacks: list[Request] = []
         self._lock = threading.Lock()
         self._step_lock = threading.Lock()
+        self._grammars: StructuredOutputBackend | None = None  # built by the first request that asks for structured output
+        self._grammars_lock = threading.Lock()
         self._closed = False
         self._leak_reported = False
         self._arrivals = itertools.count()
@@ -186,6 +192,7 @@ class InferenceEngine:
         self, prompt_text: str, token_ids: list[int], params: GenerationParams, request_id: str | None, on_output: OnOutput | None
     ) -> str:
         self.admission.check_fits(token_ids, params)
+        grammar = None if params.structured_output is None else self._compile(params.structured_output)
         with self._lock:
             request_id = request_id or uuid.uuid4().hex
             if request_id in self._requests:
@@ -200,10 +207,32 @@ class InferenceEngine:
                 arrival_index=next(self._arrivals),
                 arrival_time=time.monotonic(),
                 on_output=on_output,
+                grammar=grammar,
             )
             self._requests[request_id] = request
             self._inbox.append(request)
         return request_id
+
+    def _compile(self, constraint: StructuredOutput) -> Any:
+        """The compiled grammar of a request's constraint (``ValidationError`` when it cannot be compiled)."""
+        backend = self.structured_output_backend()
+        try:
+            return backend.compile(constraint)
+        except EngineError:
+            raise
+        except Exception as exc:  # a fault of the backend, not of the request
+            plugin = self.plugin_names["structured_output"]
+            log.error("structured-output backend failed to compile", plugin=plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            raise ExecutionError(f"structured-output plugin {plugin!r} failed to compile the constraint (details in the log)") from exc
+
+    def structured_output_backend(self) -> StructuredOutputBackend:
+        """The grammar engine named by ``config.structured_output``, built on first use (``ConfigError`` if not installed)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                spec = self.config.structured_output
+                self.plugin_names["structured_output"] = self._registry.get("structured_output", spec.name).plugin
+                self._grammars = self._registry.create("structured_output", spec.name, spec.options, self.tokenizer)
+            return self._grammars
 
     def _withdraw(self, request_ids: list[str]) -> None:
         """Forget requests still in the inbox, as if never submitted (the stepping thread's own, not yet taken)."""
@@ -301,12 +330,28 @@ class InferenceEngine:
                 seed=seq.sampling_seed,
             )
             problem = block_table_problem(scheduled, self.config.block_size, self.num_blocks, allocator_plugin)
+            if problem is None and work.do_sample and seq.request.grammar is not None:
+                problem = self._constrain(seq, scheduled)
             if problem is None:
                 sequences.append(scheduled)
             else:
                 log.error("invalid block table", plugin=allocator_plugin, problem=problem)
                 problems[seq.seq_id] = problem
         return ExecutionBatch(sequences, block_size=self.config.block_size, block_copies=plan.block_copies), problems
+
+    def _constrain(self, seq: Sequence, scheduled: ScheduledSequence) -> str | None:
+        """Give a structured-output sample its allowed next tokens; why it cannot have them, if so."""
+        try:
+            if seq.matcher is None:
+                seq.matcher = self._grammars.new_matcher(seq.request.grammar)
+            bitmask = new_bitmask(1, self.tokenizer.vocab_size)
+            seq.matcher.fill_bitmask(bitmask, 0)
+        except Exception as exc:  # the grammar engine's fault: this sample fails alone
+            plugin = self.plugin_names["structured_output"]
+            log.error("structured-output matcher failed", plugin=plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            return f"structured-output plugin {plugin!r} could not compute the allowed tokens"
+        scheduled.allowed_tokens = bitmask[0]
+        return None
 
     def _execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         """Run the step's batch, retrying a failing executor; ``ExecutionError`` once retries run out.
@@ -353,8 +398,17 @@ class InferenceEngine:
                 continue
             seq.num_computed_tokens += work.num_new_tokens
             if work.do_sample:
+                token_id = output.sampled_token_ids[seq.seq_id]
+                if seq.matcher is not None and not seq.matcher.accept_token(token_id):
+                    self._fail_request(
+                        seq.request,
+                        f"executor plugin {self.plugin_names['executor']!r} sampled token {token_id},"
+                        " which the request's structured output does not allow",
+                        finished,
+                    )
+                    continue
                 logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
-                self.outputs.append_token(seq, output.sampled_token_ids[seq.seq_id], logprobs)
+                self.outputs.append_token(seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished)
                 self.metrics.generation_tokens += 1
                 if seq.finish_reason is not None:
                     self._finish_sequence(seq)

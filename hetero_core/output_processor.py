@@ -22,8 +22,12 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
 
-    def append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None) -> None:
-        """Add one sampled token; finishes the sequence when a stop condition holds."""
+    def append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None, *, is_complete: bool = False) -> None:
+        """Add one sampled token; finishes the sequence when a stop condition holds.
+
+        ``is_complete``: the sample's structured output is complete, so it
+        stops here whatever ``min_tokens`` and ``ignore_eos`` say.
+        """
         request = seq.request
         params = request.params
         if seq.detokenizer is None:
@@ -45,7 +49,7 @@ class OutputProcessor:
             if params.stop and may_stop and self._truncate_at_stop(seq, text_before):
                 seq.finish_reason = FinishReason.STOP
                 return
-        if is_stop_token:
+        if is_stop_token or is_complete:
             seq.finish_reason = FinishReason.STOP
         elif num_output >= params.max_tokens or seq.num_tokens >= self.max_model_len:
             seq.finish_reason = FinishReason.LENGTH

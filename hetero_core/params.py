@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ValidationError
+from hetero_core.structured_output import StructuredOutput
 from hetero_core.validators import number_in, optional
 
 MAX_STOP_STRINGS = 16
@@ -16,6 +17,8 @@ MAX_N = 64
 MAX_INT = 2**31 - 1  # the largest count or token id any field takes (executors index with int32)
 GREEDY_BELOW_TEMPERATURE = 1e-5  # lower temperatures are greedy: dividing logits by them is not finite
 MIN_REPETITION_PENALTY = 0.01  # logits are divided or multiplied by it; below this they lose all meaning
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
 
 
 def _to_tuple(value: Any) -> Any:
@@ -53,6 +56,37 @@ def _check_token_ids(_instance: Any, attribute: Any, value: Any) -> None:
         )
 
 
+def _to_bias_pairs(value: Any) -> Any:
+    if value is None:
+        return ()
+    if isinstance(value, Mapping):
+        value = value.items()
+    try:
+        return tuple(sorted((token_id, bias) for token_id, bias in value))
+    except (TypeError, ValueError):
+        return value
+
+
+def _check_logit_bias(_instance: Any, attribute: Any, value: Any) -> None:
+    allowed = f"a mapping of token ids in [0, {MAX_INT}] to numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+    if not isinstance(value, tuple) or not all(
+        isinstance(token_id, int)
+        and not isinstance(token_id, bool)
+        and 0 <= token_id <= MAX_INT
+        and isinstance(bias, (int, float))
+        and not isinstance(bias, bool)
+        and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS
+        for token_id, bias in value
+    ):
+        raise ValidationError(f"{attribute.name} must be {allowed}, got {value!r:.200}", param=attribute.name)
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValidationError(
+            f"{attribute.name} allows at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(value)}", param=attribute.name
+        )
+    if len({token_id for token_id, _ in value}) < len(value):
+        raise ValidationError(f"{attribute.name} names a token twice", param=attribute.name)
+
+
 def _check_bool(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValidationError(f"{attribute.name} must be true or false, got {value!r}", param=attribute.name)
@@ -70,6 +104,15 @@ class GenerationParams:
     context. A ``temperature`` below ``GREEDY_BELOW_TEMPERATURE`` (1e-5),
     0 included, means greedy decoding, and then the other sampling knobs
     (top_p, top_k, min_p) have no effect.
+
+    ``structured_output`` constrains the text to a JSON schema, any JSON
+    object, a regex, a choice list or a grammar (see
+    :class:`~hetero_core.structured_output.StructuredOutput`); the engine
+    compiles it when the request is submitted, so one that cannot be
+    compiled is a ``ValidationError``. A sample ends with ``stop`` as soon as
+    its text is complete. ``logit_bias`` adds a bias in [-100, 100] to
+    chosen tokens' logits before sampling (given as a mapping of token id to
+    bias; stored as sorted pairs); -100 bans a token.
     """
 
     max_tokens: int = attrs.field(default=100, validator=number_in(1, MAX_INT, integer=True))
@@ -88,6 +131,10 @@ class GenerationParams:
     n: int = attrs.field(default=1, validator=number_in(1, MAX_N, integer=True))
     logprobs: int | None = attrs.field(default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True)))
     priority: int = attrs.field(default=0, validator=number_in(-(2**63), 2**63 - 1, integer=True))
+    structured_output: StructuredOutput | None = attrs.field(
+        default=None, validator=optional(attrs.validators.instance_of(StructuredOutput))
+    )
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_to_bias_pairs, validator=_check_logit_bias)
 
     def __attrs_post_init__(self) -> None:
         if self.min_tokens > self.max_tokens:

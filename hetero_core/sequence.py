@@ -65,6 +65,7 @@ class Sequence:
     detokenizer: Any = None  # made on the first sampled token
     pending_forks: int = 0  # children still to fork once the prompt (but its last token) is computed
     num_preemptions: int = 0
+    matcher: Any = None  # the sample's GrammarMatcher under structured output, made on its first sampled token
 
     @property
     def num_tokens(self) -> int:
@@ -104,6 +105,7 @@ class Request:
     arrival_index: int  # monotonic submission order; ties in time never reorder requests
     arrival_time: float
     on_output: Callable[[Any], None] | None = None
+    grammar: Any = None  # the compiled params.structured_output, shared by the samples' matchers
     sequences: list[Sequence] = attrs.field(factory=list)
     state: RequestState = RequestState.PENDING
     error: str | None = None

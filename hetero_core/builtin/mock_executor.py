@@ -7,6 +7,12 @@ tables, missed copies or a token computed at the wrong position therefore
 change its output, which is what makes it useful for testing paging and
 scheduling: for the same tokens it always answers the same, however the
 batch is composed. It is not a language model.
+
+It honours what a request wants of its next token as far as a stand-in
+can: the hash picks among the structured-output ``allowed_tokens`` only,
+a ``logit_bias`` of -100 bans a token and one of +100 forces it (other
+biases cannot move an arbitrary choice), and its end-of-sequence draw is
+taken only when the mask allows EOS.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import attrs
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
 from hetero_core.errors import ConfigError, ExecutionError
 from hetero_core.protocols import ModelInfo
+from hetero_core.structured_output import allowed_token_ids
 from hetero_core.validators import number_in
 
 SLOT_BYTES = 8
@@ -99,7 +106,7 @@ class MockExecutor:
             token_id = self._next_token(context, seq)
             sampled[seq.seq_id] = token_id
             if seq.params.logprobs is not None:
-                logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs)
+                logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs, self._candidates(seq))
         self.num_executed_batches += 1
         if self._step_latency:
             time.sleep(self._step_latency)
@@ -115,10 +122,33 @@ class MockExecutor:
     def _next_token(self, context: list[int], seq: ScheduledSequence) -> int:
         digest = hashlib.blake2b(repr((context, seq.seed)).encode(), digest_size=8).digest()
         value = int.from_bytes(digest, "little")
-        if value & 0xFFFFFFFF < self._eos_threshold:
+        candidates = self._candidates(seq)
+        wants_eos = value & 0xFFFFFFFF < self._eos_threshold
+        if candidates is None:
+            return self._eos_token_id if wants_eos else (value >> 32) % self._info.vocab_size
+        if wants_eos and self._eos_token_id in candidates:
             return self._eos_token_id
-        return (value >> 32) % self._info.vocab_size
+        return candidates[(value >> 32) % len(candidates)] if candidates else 0
 
-    def _logprobs(self, token_id: int, num_top: int) -> TokenLogprobs:
-        top = [((token_id + k) % self._info.vocab_size, math.log(0.5) * (k + 1)) for k in range(num_top)]
+    def _candidates(self, seq: ScheduledSequence) -> list[int] | None:
+        """The tokens the sequence may take, ascending; None when it may take any."""
+        bias = dict(seq.params.logit_bias)
+        if seq.allowed_tokens is None and not bias:
+            return None
+        vocab_size = self._info.vocab_size
+        if seq.allowed_tokens is None:
+            candidates = list(range(vocab_size))
+        else:
+            candidates = allowed_token_ids(seq.allowed_tokens, vocab_size).tolist()
+        forced = [t for t in candidates if bias.get(t, 0.0) >= 100.0]
+        return forced or [t for t in candidates if bias.get(t, 0.0) > -100.0]
+
+    def _logprobs(self, token_id: int, num_top: int, candidates: list[int] | None) -> TokenLogprobs:
+        """The sampled token at probability 1/2, then the next tokens it may take at 1/4, 1/8, ..."""
+        if candidates is None:
+            following = [(token_id + k) % self._info.vocab_size for k in range(num_top)]
+        else:
+            start = candidates.index(token_id) if token_id in candidates else 0
+            following = [token_id, *(candidates[start + 1 :] + candidates[:start])][:num_top]
+        top = [(t, math.log(0.5) * (k + 1)) for k, t in enumerate(following)]
         return TokenLogprobs(token_id, math.log(0.5), top)

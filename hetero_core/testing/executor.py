@@ -25,6 +25,7 @@ import pytest
 from hetero_core.batch import BlockCopy, ExecutionBatch, ScheduledSequence
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import Executor
+from hetero_core.structured_output import new_bitmask
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
@@ -40,6 +41,7 @@ def scheduled(
     *,
     params: GenerationParams = GREEDY,
     seed: int | None = None,
+    allowed: list[int] | None = None,
 ) -> ScheduledSequence:
     """Compute ``tokens[start:start + count]``; sample when that reaches the end of ``tokens``."""
     return ScheduledSequence(
@@ -52,7 +54,17 @@ def scheduled(
         all_token_ids=tokens,
         num_prompt_tokens=len(tokens),
         seed=seed,
+        allowed_tokens=None if allowed is None else bitmask_row(allowed, vocab_size=max(allowed) + 1),
     )
+
+
+def bitmask_row(allowed: list[int], *, vocab_size: int):
+    """A structured-output bitmask row that allows exactly ``allowed``."""
+    bitmask = new_bitmask(1, vocab_size)
+    bitmask[:] = 0
+    for token_id in allowed:
+        bitmask[0, token_id // 32] |= 1 << (token_id % 32)
+    return bitmask[0]
 
 
 def prompt(executor: Executor, length: int, seed: int = 0) -> list[int]:
@@ -158,3 +170,57 @@ class ExecutorContract:
         entry = out.logprobs[0]
         for logprob in [entry.logprob, *(lp for _, lp in entry.top)]:
             assert math.isfinite(logprob) and logprob <= 0.0
+
+    def test_samples_vary_with_the_seed(self, ready: Executor) -> None:
+        tokens = prompt(ready, 6, seed=11)
+        params = GenerationParams(temperature=2.0, top_p=1.0)
+        drawn = set()
+        for seed in range(24):
+            out = ready.execute(ExecutionBatch([scheduled(seed, tokens, 0, 6, [0, 1], params=params, seed=seed)], BLOCK_SIZE))
+            drawn.add(out.sampled_token_ids[seed])
+        assert len(drawn) > 1, "24 seeds at temperature 2 all drew one token: the executor does not sample"
+
+    @pytest.mark.parametrize(
+        "params",
+        [GREEDY, GenerationParams(temperature=1.5, top_p=1.0), GenerationParams(temperature=1.0, top_k=5, min_p=0.2)],
+        ids=["greedy", "sampled", "truncated"],
+    )
+    def test_only_allowed_tokens_are_sampled(self, ready: Executor, params: GenerationParams) -> None:
+        tokens = prompt(ready, 6, seed=12)
+        vocab_size = ready.model_info.vocab_size
+        allowed = sorted({7 % vocab_size, 101 % vocab_size, (vocab_size - 1)})
+        for seed in range(8):
+            out = ready.execute(
+                ExecutionBatch([scheduled(seed, tokens, 0, 6, [0, 1], params=params, seed=seed, allowed=allowed)], BLOCK_SIZE)
+            )
+            assert out.sampled_token_ids[seed] in allowed
+
+    def test_a_mask_applies_to_its_own_row_only(self, ready: Executor) -> None:
+        a, b = prompt(ready, 6, seed=13), prompt(ready, 6, seed=14)
+        free = ready.execute(ExecutionBatch([scheduled(0, b, 0, 6, [0, 1])], BLOCK_SIZE)).sampled_token_ids[0]
+        only = (free + 1) % ready.model_info.vocab_size
+        out = ready.execute(
+            ExecutionBatch([scheduled(1, a, 0, 6, [2, 3], allowed=[only]), scheduled(2, b, 0, 6, [4, 5])], BLOCK_SIZE)
+        )
+        assert out.sampled_token_ids == {1: only, 2: free}
+
+    def test_logit_bias_bans_and_forces_tokens(self, ready: Executor) -> None:
+        tokens = prompt(ready, 6, seed=15)
+        greedy = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1])], BLOCK_SIZE)).sampled_token_ids[0]
+        banned = GenerationParams(temperature=0.0, logit_bias={greedy: -100})
+        out = ready.execute(ExecutionBatch([scheduled(1, tokens, 0, 6, [2, 3], params=banned)], BLOCK_SIZE))
+        assert out.sampled_token_ids[1] != greedy
+        forced_token = (greedy + 3) % ready.model_info.vocab_size
+        forced = GenerationParams(temperature=0.7, top_p=1.0, logit_bias={forced_token: 100})
+        out = ready.execute(ExecutionBatch([scheduled(2, tokens, 0, 6, [4, 5], params=forced, seed=1)], BLOCK_SIZE))
+        assert out.sampled_token_ids[2] == forced_token
+
+    def test_logprobs_under_a_mask_cover_only_allowed_tokens(self, ready: Executor) -> None:
+        tokens = prompt(ready, 6, seed=16)
+        allowed = [3, 5, 8]
+        params = GenerationParams(temperature=0.0, logprobs=2)
+        out = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1], params=params, allowed=allowed)], BLOCK_SIZE))
+        entry = out.logprobs[0]
+        assert entry.token_id == out.sampled_token_ids[0] == entry.top[0][0]
+        assert {token for token, _ in entry.top} <= set(allowed)
+        assert math.isclose(entry.logprob, entry.top[0][1])

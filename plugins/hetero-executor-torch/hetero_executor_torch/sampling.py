@@ -1,8 +1,9 @@
 """Choosing the next token from logits, batched on the logits' device.
 
 Order per row: block end-of-sequence tokens before ``min_tokens`` ->
-repetition / presence / frequency penalties -> logprobs (of the penalised
-distribution) -> greedy argmax, or temperature, top-k, top-p and min-p
+``logit_bias`` -> repetition / presence / frequency penalties -> the
+structured-output ``allowed_tokens`` mask -> logprobs (of the penalised,
+masked distribution) -> greedy argmax, or temperature, top-k, top-p and min-p
 truncation and a draw. A draw is ``argmax(probs / E)`` with ``E`` i.i.d.
 exponential noise, which samples exactly from ``probs``; for a seeded
 request the noise comes from a generator seeded by (seed, position), so the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 from hetero_core.batch import ExecutionOutput, ScheduledSequence, TokenLogprobs
@@ -48,14 +50,23 @@ class Sampler:
         blocked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
         penalised = [i for i, p in enumerate(params) if _penalised(p)]
         wants_logprobs = [i for i, p in enumerate(params) if p.logprobs is not None]
-        if not blocked and not penalised and not wants_logprobs and all(p.is_greedy for p in params):
+        biased = [i for i, p in enumerate(params) if p.logit_bias]
+        constrained = [i for i, s in enumerate(seqs) if s.allowed_tokens is not None]
+        if not (blocked or penalised or wants_logprobs or biased or constrained) and all(p.is_greedy for p in params):
             return logits.argmax(dim=-1).tolist(), {}
         logits = logits.float().clone()
         for i in blocked:
             stops = [*seqs[i].params.stop_token_ids, *([self.eos_token_id] if self.eos_token_id is not None else [])]
             logits[i, [t for t in stops if t < self.vocab_size]] = float("-inf")
+        for i in biased:
+            token_ids, biases = zip(*params[i].logit_bias)
+            logits[i, list(token_ids)] += torch.tensor(biases, device=logits.device)
         if penalised:
             self._apply_penalties(logits, [seqs[i] for i in penalised], penalised)
+        if constrained:
+            rows = torch.tensor(constrained, device=logits.device)
+            allowed = allowed_token_mask(np.stack([seqs[i].allowed_tokens for i in constrained]), self.vocab_size)
+            logits[rows] = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
         logprobs = torch.log_softmax(logits, dim=-1).clamp(min=MIN_LOGPROB) if wants_logprobs else None
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, p in enumerate(params) if not p.is_greedy]
@@ -138,6 +149,16 @@ class Sampler:
             top = list(zip(top_ids[row_number][:k], top_values[row_number][:k]))
             result[seqs[i].seq_id] = TokenLogprobs(tokens[i], chosen[row_number], top)
         return result
+
+
+def allowed_token_mask(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
+    """Unpack int32 bitmask rows (:mod:`hetero_core.structured_output`) to a bool tensor ``[rows, vocab_size]``."""
+    words = torch.from_numpy(np.ascontiguousarray(bitmask, dtype=np.int32))
+    bits = (words[:, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
+    allowed = bits.reshape(len(bitmask), -1).bool()
+    if allowed.shape[1] < vocab_size:  # ids beyond the mask (a model vocabulary padded past the tokenizer's)
+        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]), value=False)
+    return allowed[:, :vocab_size]
 
 
 def sample_each_alone_on_failure(

@@ -118,8 +118,8 @@ class LLGuidanceBackend:
                 return llguidance.LLMatcher.grammar_from_json_schema(ANY_JSON_OBJECT, defaults=self._json_options)
             if kind is ConstraintKind.CHOICE:
                 return llguidance.grammar_from("choice", json.dumps(list(value)))
-            if kind is ConstraintKind.REGEX:
-                return llguidance.grammar_from("regex", value)
+            if kind is ConstraintKind.REGEX:  # \d means [0-9], as in JSON schema patterns
+                return llguidance.LLMatcher.grammar_from_lark(f"start: /{llguidance.regex_to_lark(value, 'd')}/")
             return llguidance.grammar_from("grammar", value)
         except ValueError as exc:
             raise ValidationError(f"structured_output: the {kind.value} cannot be used: {exc}", param="structured_output") from exc

@@ -1,0 +1,86 @@
+"""The embedded SmolLM2 under structured output: greedy and sampled answers always parse and validate."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from hetero_core.config import EngineConfig
+from hetero_core.engine import InferenceEngine
+from hetero_core.params import GenerationParams
+from hetero_core.sequence import FinishReason
+from hetero_core.structured_output import StructuredOutput
+
+from .test_json_schemas import SCHEMAS
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = InferenceEngine(EngineConfig(max_num_blocks=512, executor={"name": "torch", "dtype": "float32"}))
+    yield engine
+    engine.close()
+
+
+def ask(schema_text: str) -> list[dict]:
+    return [{"role": "user", "content": f"Reply with JSON that matches this schema: {schema_text}"}]
+
+
+def run_all(engine, submissions):
+    ids = [engine.submit_chat(messages, params) for messages, params in submissions]
+    records = {r.request_id: r for r in engine.run()}
+    assert engine.get_memory_stats().used_blocks == 0
+    return [records[i] for i in ids]
+
+
+def test_json_schemas_greedy_and_sampled(engine) -> None:
+    submissions = []
+    for name, schema in SCHEMAS.items():
+        constraint = StructuredOutput.json_schema(schema)
+        submissions.append((ask(json.dumps(schema)), GenerationParams(max_tokens=200, temperature=0.0, structured_output=constraint)))
+        submissions.append(
+            (ask(json.dumps(schema)), GenerationParams(max_tokens=200, temperature=0.8, n=2, seed=len(name), structured_output=constraint))
+        )
+    records = run_all(engine, submissions)
+    for (messages, params), record in zip(submissions, records):
+        schema = params.structured_output.schema
+        for output in record.outputs:
+            assert output.finish_reason is FinishReason.STOP, (schema, output.text)
+            jsonschema.validate(json.loads(output.text), schema)
+
+
+def test_any_json_object_regex_and_choice(engine) -> None:
+    pattern = r"\d{3}-\d{4}"
+    submissions = [
+        ([{"role": "user", "content": "Describe a cat as a JSON object."}], GenerationParams(max_tokens=200, temperature=0.0, structured_output=StructuredOutput.json_object())),
+        ([{"role": "user", "content": "Give a phone number."}], GenerationParams(max_tokens=20, temperature=1.0, n=3, seed=1, structured_output=StructuredOutput.regex(pattern))),
+        ([{"role": "user", "content": "Is the sky blue? Answer yes or no."}], GenerationParams(max_tokens=20, temperature=1.0, n=3, seed=2, structured_output=StructuredOutput.choice(["yes", "no"]))),
+    ]
+    obj, phone, answer = run_all(engine, submissions)
+    assert isinstance(json.loads(obj.output_text), dict)
+    assert all(re.fullmatch(pattern, o.text) for o in phone.outputs), [o.text for o in phone.outputs]
+    assert {o.text for o in answer.outputs} <= {"yes", "no"}
+
+
+def test_constraints_hold_when_the_pool_preempts() -> None:
+    engine = InferenceEngine(EngineConfig(max_num_blocks=24, block_size=16, executor={"name": "torch", "dtype": "float32"}))
+    try:
+        schema = SCHEMAS["nested objects"]
+        params = GenerationParams(max_tokens=120, temperature=0.8, n=3, seed=5, structured_output=StructuredOutput.json_schema(schema))
+        (record,) = run_all(engine, [(ask(json.dumps(schema)), params)] * 1 + [])
+        assert engine.metrics.num_preemptions > 0
+        for output in record.outputs:
+            jsonschema.validate(json.loads(output.text), schema)
+    finally:
+        engine.close()
+
+
+def test_logit_bias_of_minus_100_removes_the_greedy_token(engine) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    (plain,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0))])
+    assert "Paris" in plain.output_text
+    paris = {t: -100 for t in {engine.tokenizer.encode(w, add_special_tokens=False)[0] for w in (" Paris", "Paris")}}
+    (biased,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0, logit_bias=paris))])
+    assert "Paris" not in biased.output_text

@@ -1,0 +1,168 @@
+"""Structured output through the engine: every sample's text satisfies its constraint, whatever the batching.
+
+The mock executor draws arbitrary allowed tokens, so the constraints here have a bounded
+language (an unbounded JSON object would rarely end); the real model's tests cover the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hetero_core.builtin.mock_executor import MockExecutor
+from hetero_core.errors import ConfigError, ValidationError
+from hetero_core.hookspecs import hookimpl
+from hetero_core.params import GenerationParams
+from hetero_core.sequence import FinishReason
+from hetero_core.structured_output import StructuredOutput
+
+from .test_engine_faults import engine_with
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "level": {"enum": ["low", "high"]}, "n": {"type": "integer"}},
+    "required": ["name", "level", "n"],
+    "additionalProperties": False,
+}
+PATTERN = r"[a-f]{2,5}-\d{1,3}"
+CHOICES = ["red", "green", "blue"]
+
+
+def check_schema(text: str) -> None:
+    value = json.loads(text)
+    assert set(value) == {"name", "level", "n"}, value
+    assert isinstance(value["name"], str) and len(value["name"]) <= 6 and value["level"] in ("low", "high")
+    assert isinstance(value["n"], int)
+
+
+CONSTRAINTS = [
+    (StructuredOutput.json_schema(SCHEMA), check_schema),
+    (StructuredOutput.regex(PATTERN), lambda text: re.fullmatch(PATTERN, text) or pytest.fail(text)),
+    (StructuredOutput.choice(CHOICES), lambda text: text in CHOICES or pytest.fail(text)),
+]
+
+
+def grammar_engine(**overrides):
+    from hetero_structured_llguidance import plugin as llguidance
+
+    return engine_with((llguidance, "structured-llguidance"), **overrides)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    engine = grammar_engine(executor={"name": "mock", "eos_probability": 0.05}, max_num_blocks=256)
+    yield engine
+    engine.close()
+
+
+@pytest.mark.parametrize(("constraint", "check"), CONSTRAINTS, ids=["schema", "regex", "choice"])
+def test_every_sample_satisfies_its_constraint(engine, constraint, check) -> None:
+    params = GenerationParams(max_tokens=400, temperature=1.0, n=4, seed=3, structured_output=constraint)
+    (record,) = engine.generate(["describe it"], params)
+    for output in record.outputs:
+        assert output.finish_reason is FinishReason.STOP
+        check(output.text)
+    assert engine.get_memory_stats().used_blocks == 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    picks=st.lists(st.integers(0, len(CONSTRAINTS)), min_size=1, max_size=8),
+    n=st.integers(1, 3),
+    num_blocks=st.integers(48, 96),
+)
+def test_constraints_hold_under_batching_and_preemption(picks, n, num_blocks) -> None:
+    """A small pool preempts and recomputes samples mid-grammar; unconstrained neighbours are unaffected."""
+    engine = grammar_engine(max_num_blocks=num_blocks, executor={"name": "mock", "eos_probability": 0.05})
+    try:
+        ids = []
+        for i, pick in enumerate(picks):
+            constraint = CONSTRAINTS[pick][0] if pick < len(CONSTRAINTS) else None
+            params = GenerationParams(max_tokens=150, n=n, seed=i, structured_output=constraint)
+            ids.append((engine.submit_request(f"prompt {i} " * 4, params), pick))
+        records = {r.request_id: r for r in engine.run()}
+        for request_id, pick in ids:
+            record = records[request_id]
+            assert record.error is None, record.error
+            if pick < len(CONSTRAINTS):
+                for output in record.outputs:
+                    CONSTRAINTS[pick][1](output.text)
+        assert engine.get_memory_stats().used_blocks == 0
+    finally:
+        engine.close()
+
+
+def test_the_same_constraint_with_and_without_preemption_gives_the_same_text() -> None:
+    params = GenerationParams(max_tokens=60, seed=7, n=2, structured_output=StructuredOutput.json_schema(SCHEMA))
+    texts = []
+    for num_blocks in (256, 24):
+        engine = grammar_engine(max_num_blocks=num_blocks, executor={"name": "mock", "eos_probability": 0.05})
+        others = [engine.submit_request(f"n{i} " * 3, GenerationParams(max_tokens=40, seed=i)) for i in range(4)]
+        request_id = engine.submit_request("describe it", params)
+        records = {r.request_id: r for r in engine.run()}
+        assert all(records[o].error is None for o in others)
+        texts.append([o.text for o in records[request_id].outputs])
+        if num_blocks == 24:
+            assert engine.metrics.num_preemptions > 0
+        engine.close()
+    assert texts[0] == texts[1]
+
+
+def test_a_constraint_that_does_not_compile_is_rejected_at_submission(engine) -> None:
+    for constraint in (StructuredOutput.regex("a("), StructuredOutput.json_schema({"type": "nope"})):
+        with pytest.raises(ValidationError) as info:
+            engine.submit_request("x", GenerationParams(structured_output=constraint))
+        assert info.value.param == "structured_output"
+    assert not engine.has_pending_work()
+
+
+def test_logit_bias_ids_beyond_the_vocabulary_are_rejected(engine) -> None:
+    with pytest.raises(ValidationError, match="logit_bias token ids must be below the vocabulary size 259, got 300"):
+        engine.submit_request("x", GenerationParams(logit_bias={300: 5}))
+
+
+def test_logit_bias_bans_a_token(engine) -> None:
+    greedy = GenerationParams(temperature=0.0, max_tokens=1)
+    (first,) = engine.generate(["ban me"], greedy)
+    token = first.generated_tokens[0]
+    (again,) = engine.generate(["ban me"], GenerationParams(temperature=0.0, max_tokens=1, logit_bias={token: -100}))
+    assert again.generated_tokens[0] != token
+
+
+def test_without_a_structured_output_backend_a_constraint_is_a_config_error() -> None:
+    engine = engine_with()
+    try:
+        engine.generate(["plain requests still work"], GenerationParams(max_tokens=4))
+        with pytest.raises(ConfigError, match="unknown structured_output 'llguidance'"):
+            engine.submit_request("x", GenerationParams(structured_output=StructuredOutput.json_object()))
+    finally:
+        engine.close()
+
+
+def test_an_executor_that_ignores_the_mask_fails_that_request_alone() -> None:
+    class Unconstrained:
+        @hookimpl
+        def register_executors(self, register) -> None:
+            class IgnoresMasks(MockExecutor):
+                def execute(self, batch):
+                    for seq in batch.sequences:
+                        seq.allowed_tokens = None
+                    return super().execute(batch)
+
+            register("ignores-masks", lambda config, **options: IgnoresMasks(**options))
+
+    from hetero_structured_llguidance import plugin as llguidance
+
+    engine = engine_with((Unconstrained(), "unconstrained"), (llguidance, "structured-llguidance"), executor="ignores-masks")
+    try:
+        bad = engine.submit_request("x", GenerationParams(max_tokens=20, structured_output=StructuredOutput.choice(["yes"])))
+        good = engine.submit_request("y", GenerationParams(max_tokens=20))
+        records = {r.request_id: r for r in engine.run()}
+        assert "which the request's structured output does not allow" in records[bad].error
+        assert records[good].error is None and len(records[good].generated_tokens) == 20
+        assert engine.get_memory_stats().used_blocks == 0
+    finally:
+        engine.close()
