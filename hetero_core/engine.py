@@ -392,7 +392,7 @@ class InferenceEngine:
             self._requests.pop(request.request_id, None)
         completed = completed_request(request)
         self.metrics.requests_finished[completed.finish_reason] += 1
-        log.debug(
+        log.info(
             "request finished",
             request_id=request.request_id,
             finish_reason=completed.finish_reason.value,
