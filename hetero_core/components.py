@@ -171,8 +171,8 @@ class ComponentRegistry:
 
     def _why_missing(self, point: str, name: str) -> str:
         """A hint when a disabled or broken plugin may be the one that provides ``name``."""
-        for plugin, entry_point in getattr(self._pm, "disabled_entry_points", {}).items():
-            if name in _names_registered_by(entry_point, point):
+        for plugin, load in getattr(self._pm, "disabled", {}).items():
+            if name in _names_registered_by(load, point):
                 return f"; {point} {name!r} is provided by plugin {plugin!r}, which is disabled (HETERO_DISABLE_PLUGINS or plugins.disable)"
         broken = getattr(self._pm, "broken", {})
         if broken:
@@ -197,11 +197,11 @@ class ComponentRegistry:
             ) from exc
 
 
-def _names_registered_by(entry_point: Any, point: str) -> set[str]:
+def _names_registered_by(load: Callable[[], Any], point: str) -> set[str]:
     """The names a (disabled) plugin would register for ``point``, asked without registering it."""
     names: set[str] = set()
     try:
-        hook = getattr(entry_point.load(), EXTENSION_POINTS[point], None)
+        hook = getattr(load(), EXTENSION_POINTS[point], None)
         if hook is not None:
             hook(register=lambda name, *_args, **_kwargs: names.add(name))
     except Exception:  # a disabled plugin may well be broken too: then it provides nothing

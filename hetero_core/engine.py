@@ -26,9 +26,10 @@ import pluggy
 
 from hetero_core.admission import Admission
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
-from hetero_core.boundary import block_table_problem, check_execution_output
+from hetero_core.boundary import block_table_problem
 from hetero_core.config import EngineConfig
-from hetero_core.errors import ConfigError, EngineError, ExecutionError, SchedulerError, ValidationError
+from hetero_core.execution import BatchRunner
+from hetero_core.errors import ConfigError, EngineError, SchedulerError, ValidationError
 from hetero_core.logs import get_logger
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
@@ -86,6 +87,9 @@ class InferenceEngine:
         self.scheduler = Scheduler(config, self.policy, self.allocator, policy_plugin=self.plugin_names["scheduler"])
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
         self.metrics = EngineMetrics()
+        self.runner = BatchRunner(
+            self.executor, self.plugin_names["executor"], self.model_info.vocab_size, config.max_retry_attempts, self.metrics
+        )
         self._requests: dict[str, Request] = {}
         self._inbox: list[Request] = []
         self._aborts: list[str] = []
@@ -278,13 +282,8 @@ class InferenceEngine:
         plan = self.scheduler.schedule()
         if plan.work:
             batch, problems = self._batch(plan)
-            try:
-                output = self._execute(batch)
-                problems.update(check_execution_output(output, batch, self.model_info.vocab_size, self.plugin_names["executor"]))
-            except ExecutionError as error:
-                self._fail_batch(plan, error, finished)
-            else:
-                self._process(plan, output, problems, finished)
+            output, failures = self.runner.run(batch)
+            self._process(plan, output, problems | failures, finished)
         self._end_broken_callbacks(finished)
         completed = [self._finish_request(r) for r in finished]
         self._update_metrics(plan, started)
@@ -352,35 +351,6 @@ class InferenceEngine:
             return f"structured-output plugin {plugin!r} could not compute the allowed tokens"
         scheduled.allowed_tokens = bitmask[0]
         return None
-
-    def _execute(self, batch: ExecutionBatch) -> ExecutionOutput:
-        """Run the step's batch, retrying a failing executor; ``ExecutionError`` once retries run out.
-
-        The error's message, which the batch's requests report, names the
-        executor and an error id; the exception itself is only logged.
-        """
-        if not batch.sequences:
-            return ExecutionOutput({})
-        attempts = self.config.max_retry_attempts + 1
-        error_id = uuid.uuid4().hex[:12]
-        plugin = self.plugin_names["executor"]
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.executor.execute(batch)
-            except Exception as exc:  # any executor fault: retry, then fail only this batch's requests
-                log.warning(
-                    "executor failed", plugin=plugin, attempt=attempt, error_id=error_id, error=f"{type(exc).__name__}: {exc}",
-                    exc_info=exc,
-                )
-                if attempt < attempts:
-                    self.metrics.num_execution_retries += 1
-        raise ExecutionError(
-            f"executor plugin {plugin!r} failed to run the batch {attempts} times (error id {error_id}; details in the log)"
-        )
-
-    def _fail_batch(self, plan: SchedulerOutput, error: ExecutionError, finished: list[Request]) -> None:
-        for request in {id(w.seq.request): w.seq.request for w in plan.work}.values():
-            self._fail_request(request, error.message, finished)
 
     def _fail_request(self, request: Request, message: str, finished: list[Request]) -> None:
         if not request.is_finished:
@@ -476,7 +446,7 @@ class InferenceEngine:
             self._requests.pop(request.request_id, None)
         completed = completed_request(request)
         self.metrics.requests_finished[completed.finish_reason] += 1
-        log.debug(
+        log.info(
             "request finished",
             request_id=request.request_id,
             finish_reason=completed.finish_reason.value,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pluggy
 
@@ -50,7 +50,7 @@ class PluginManager(pluggy.PluginManager):
         super().__init__(ENTRY_POINT_GROUP)
         self.broken: dict[str, str] = {}  # plugin name -> why it does not work
         self.versions: dict[str, str] = {}  # plugin name -> its distribution's version
-        self.disabled_entry_points: dict[str, importlib.metadata.EntryPoint] = {}
+        self.disabled: dict[str, Callable[[], Any]] = {}  # disabled plugin name -> how to load it (to explain)
 
     def mark_broken(self, name: str, problem: str) -> None:
         self.broken[name] = problem
@@ -108,7 +108,9 @@ def create_plugin_manager(
     for name in disabled:
         pm.set_blocked(name)
         if name in installed:
-            pm.disabled_entry_points[name] = installed[name]
+            pm.disabled[name] = installed[name].load
+        elif name == BUILTIN_PLUGIN:
+            pm.disabled[name] = lambda: builtin_plugin
     if builtin and not pm.is_blocked(BUILTIN_PLUGIN):
         pm.register(builtin_plugin, name=BUILTIN_PLUGIN)
         pm.versions[BUILTIN_PLUGIN] = importlib.metadata.version("hetero-core")

@@ -239,8 +239,10 @@ class Executor(Protocol):
         logprobs where ``params.logprobs`` is set), or, for a sequence it
         cannot handle, an entry in ``ExecutionOutput.errors``: that sequence
         fails alone. Raises ``ExecutionError`` (or any exception) when the
-        whole batch fails; the engine may retry the same batch, so a failed
-        call must leave no partial state that changes the retry's result.
+        whole batch fails; the engine may retry the same batch, then run its
+        sequences one at a time (each with the block copies into its own
+        blocks), so a failed call must leave no partial state that changes a
+        retry's result.
 
         The engine checks the output cheaply at the boundary: every sampled
         sequence has exactly one int token in ``[0, vocab_size)`` or an

@@ -225,6 +225,19 @@ def test_a_failing_batch_fails_only_its_requests(caplog) -> None:
     assert engine.metrics.requests_failed == 1
 
 
+def test_a_sequence_that_fails_its_batch_fails_alone() -> None:
+    """An executor that raises for the whole batch: after the retries each sequence runs alone, once."""
+    alone = flaky_engine(FlakyExecutorPlugin()).generate(["fine", "also fine"], GREEDY)
+    engine = flaky_engine(FlakyExecutorPlugin(), max_retry_attempts=1)
+    good = [engine.submit_request(prompt, GREEDY) for prompt in ("fine", "also fine")]
+    bad = engine.submit_request([FlakyExecutorPlugin.POISON, 1], GenerationParams(temperature=0.0, max_tokens=12, n=2))
+    records = {r.request_id: r for r in engine.run()}
+    assert [records[i].generated_tokens for i in good] == [r.generated_tokens for r in alone]
+    assert records[bad].finish_reason is FinishReason.ERROR and "failed to run this request, alone" in records[bad].error
+    assert engine.metrics.num_execution_retries == 1
+    assert engine.get_memory_stats().used_blocks == 0
+
+
 def test_observer_hooks_see_the_engine_work() -> None:
     seen: dict[str, list] = {"started": [], "steps": [], "finished": []}
 

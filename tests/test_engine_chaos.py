@@ -30,9 +30,16 @@ class BrokenHookPlugin(RaisingObserver):
         raise RuntimeError("start observer broke")
 
 
-def chaos_engine(**overrides):
+def raise_for_the_batch(output, seq_id: int) -> None:
+    raise RuntimeError("poisoned batch")
+
+
+FAULTS = {"reported": (report_error, "cannot handle this sequence"), "raised": (raise_for_the_batch, "executor plugin 'faulty' failed to run")}
+
+
+def chaos_engine(fault: str, **overrides):
     return engine_with(
-        (FaultyExecutorPlugin(report_error), "faulty"),
+        (FaultyExecutorPlugin(FAULTS[fault][0]), "faulty"),
         (BrokenHookPlugin(), "broken-hooks"),
         executor="faulty",
         max_num_blocks=16,  # small enough that requests are preempted and recomputed
@@ -56,16 +63,17 @@ def workload(seed: int) -> list[tuple[str, object, GenerationParams]]:
     return items
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_well_formed_requests_are_untouched_by_chaos(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "fault"), [(0, "reported"), (1, "reported"), (2, "raised"), (3, "raised")])
+def test_well_formed_requests_are_untouched_by_chaos(seed: int, fault: str) -> None:
+    """A faulty sequence is either reported by the executor or makes it raise for its whole batch."""
     items = workload(seed)
-    reference = chaos_engine()
+    reference = chaos_engine(fault)
     expected = {
         index: [o.token_ids for o in reference.generate([prompt], params)[0].outputs]
         for index, (kind, prompt, params) in enumerate(items)
         if kind == "good"
     }
-    engine = chaos_engine()
+    engine = chaos_engine(fault)
     ids: dict[int, str] = {}
     lock = threading.Lock()
     done = threading.Event()
@@ -97,7 +105,7 @@ def test_well_formed_requests_are_untouched_by_chaos(seed: int) -> None:
             assert [o.token_ids for o in record.outputs] == expected[index]
             assert record.error is None
         elif kind == "poison":
-            assert record.finish_reason is FinishReason.ERROR and record.error == "cannot handle this sequence"
+            assert record.finish_reason is FinishReason.ERROR and FAULTS[fault][1] in record.error
         else:
             assert record.finish_reason in (FinishReason.ABORT, FinishReason.LENGTH, FinishReason.STOP)
     stats = engine.get_memory_stats()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given, strategies as st
 
@@ -88,3 +89,21 @@ def test_stop_token_ids_are_bounded() -> None:
 def test_from_mapping_rejects_what_is_not_a_mapping_of_names(values) -> None:
     with pytest.raises(ValidationError, match="mapping"):
         GenerationParams.from_mapping(values)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@given(values=st.dictionaries(st.sampled_from(sorted(attrs.fields_dict(GenerationParams))), json_values, max_size=4))
+def test_any_json_is_either_valid_params_or_a_validation_error(values) -> None:
+    """What a client can send never surfaces as a TypeError or an AttributeError."""
+    try:
+        params = GenerationParams.from_mapping(values)
+    except ValidationError as exc:
+        assert exc.param in attrs.fields_dict(GenerationParams) or exc.param in ("stop", "min_tokens")
+    else:
+        assert params.max_tokens >= 1

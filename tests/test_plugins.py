@@ -254,6 +254,8 @@ def test_typos_in_the_plugin_lists_are_errors(monkeypatch, variable: str) -> Non
 
 
 def test_choosing_a_component_of_a_disabled_plugin_says_so() -> None:
-    registry = ComponentRegistry(create_plugin_manager(disable=["paged"]))
+    registry = ComponentRegistry(create_plugin_manager(disable=["paged", "builtin"]))
     with pytest.raises(ConfigError, match="cache_allocator 'paged' is provided by plugin 'paged', which is disabled"):
         registry.get("cache_allocator", "paged")
+    with pytest.raises(ConfigError, match="executor 'mock' is provided by plugin 'builtin', which is disabled"):
+        registry.get("executor", "mock")

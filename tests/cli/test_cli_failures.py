@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
-import textwrap
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,13 +138,7 @@ def test_a_broken_plugin_does_not_break_the_commands(tmp_path) -> None:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: wreck-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[hetero_infer]\nwreck = wreck_plugin\n")
-    env_path = textwrap.dedent(str(tmp_path))
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {**os.environ, "PYTHONPATH": env_path}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     cli = str(Path(sys.executable).parent / "hetero-infer")
     listing = subprocess.run([cli, "plugins"], capture_output=True, text=True, env=env, timeout=120)
     assert listing.returncode == 0

@@ -156,3 +156,28 @@ def test_tiny_temperature_is_greedy_and_tiny_penalties_stay_finite() -> None:
     out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_id=0), logits, [seq(params, [0, 1, 2, 0], prompt=4)])  # EOS blocked: -inf
     entry = out.logprobs[0]
     assert all(math.isfinite(lp) and lp <= 0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    logits=logit_rows,
+    temperature=st.sampled_from([0.0, 1e-38, 1e-6, 0.5, 2.0]),
+    top_k=st.one_of(st.none(), st.integers(1, VOCAB)),
+    top_p=st.sampled_from([1e-9, 0.5, 1.0]),
+    min_p=st.sampled_from([0.0, 0.5, 1.0]),
+    repetition_penalty=st.sampled_from([0.01, 0.5, 1.0, 2.0]),
+    penalty=st.sampled_from([-2.0, 0.0, 2.0]),
+    min_tokens=st.integers(0, 3),
+    history=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
+)
+def test_every_valid_parameter_set_samples_a_token_with_finite_logprobs(
+    logits, temperature, top_k, top_p, min_p, repetition_penalty, penalty, min_tokens, history
+) -> None:
+    params = GenerationParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
+        presence_penalty=penalty, frequency_penalty=penalty, min_tokens=min_tokens, max_tokens=4, logprobs=VOCAB,
+    )
+    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_id=0), torch.tensor([logits]), [seq(params, history)])
+    assert out.errors == {} and 0 <= out.sampled_token_ids[0] < VOCAB
+    entry = out.logprobs[0]
+    assert all(math.isfinite(lp) and lp <= 0.0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
