@@ -87,6 +87,15 @@ def _check_logit_bias(_instance: Any, attribute: Any, value: Any) -> None:
         raise ValidationError(f"{attribute.name} names a token twice", param=attribute.name)
 
 
+def _check_structured_output(_instance: Any, attribute: Any, value: Any) -> None:
+    if value is not None and not isinstance(value, StructuredOutput):
+        raise ValidationError(
+            f"{attribute.name} must be a StructuredOutput (StructuredOutput.json_schema(...), .regex(...), ...),"
+            f" got {type(value).__name__}",
+            param=attribute.name,
+        )
+
+
 def _check_bool(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValidationError(f"{attribute.name} must be true or false, got {value!r}", param=attribute.name)
@@ -131,9 +140,7 @@ class GenerationParams:
     n: int = attrs.field(default=1, validator=number_in(1, MAX_N, integer=True))
     logprobs: int | None = attrs.field(default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True)))
     priority: int = attrs.field(default=0, validator=number_in(-(2**63), 2**63 - 1, integer=True))
-    structured_output: StructuredOutput | None = attrs.field(
-        default=None, validator=optional(attrs.validators.instance_of(StructuredOutput))
-    )
+    structured_output: StructuredOutput | None = attrs.field(default=None, validator=_check_structured_output)
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_to_bias_pairs, validator=_check_logit_bias)
 
     def __attrs_post_init__(self) -> None:

@@ -186,6 +186,7 @@ def installed_listing() -> dict[str, dict]:
         ("hetero-executor-torch", "torch", {"executor": ["torch"]}),
         ("hetero-executor-numba", "numba-cuda", {"executor": ["numba-cuda"]}),
         ("hetero-tokenizer-hf", "huggingface", {"tokenizer": ["huggingface"]}),
+        ("hetero-structured-llguidance", "structured-llguidance", {"structured_output": ["llguidance"]}),
     ],
 )
 def test_the_project_plugins_are_found_through_entry_points(

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
+from hetero_core.structured_output import StructuredOutput
 
 # flags that override the config key of the same name
 ENGINE_FLAGS = (
@@ -22,7 +24,7 @@ ENGINE_FLAGS = (
     "model",
     "seed",
 )
-COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor")  # a name; the file's options stay when the name is the same
+COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor", "structured_output")  # a name; the file's options stay when the name is the same
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +37,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--scheduler", help="scheduler policy name (fcfs, priority, ...)")
     group.add_argument("--cache-allocator", help="cache allocator component name (paged, ...)")
     group.add_argument("--executor", help="executor component name (torch, numba-cuda, mock, ...)")
+    group.add_argument("--structured-output", help="structured-output backend name (llguidance, ...)")
     group.add_argument(
         "-o",
         "--option",
@@ -64,6 +67,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float, default=0.9)
     group.add_argument("--top-k", type=int)
     group.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    constraint = group.add_mutually_exclusive_group()
+    constraint.add_argument("--json-schema", metavar="FILE", help="answer with JSON valid against the JSON schema in FILE")
+    constraint.add_argument("--regex", help="answer with text that matches this regular expression")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -109,4 +115,18 @@ def generation_params(args: argparse.Namespace) -> GenerationParams:
         top_k=args.top_k,
         seed=args.seed,
         stop=args.stop,
+        structured_output=structured_output(args),
     )
+
+
+def structured_output(args: argparse.Namespace) -> StructuredOutput | None:
+    """The constraint ``--json-schema`` or ``--regex`` asks for, if any."""
+    if args.regex is not None:
+        return StructuredOutput.regex(args.regex)
+    if args.json_schema is None:
+        return None
+    try:
+        text = Path(args.json_schema).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read the JSON schema file {args.json_schema}: {exc}", param="json_schema") from exc
+    return StructuredOutput.json_schema(text)

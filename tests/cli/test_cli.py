@@ -110,3 +110,24 @@ def test_bench_runs_a_benchmark_program(capsys) -> None:
     assert "--rate" in capsys.readouterr().out
     assert main(["bench", "nonsense"]) == 2
     assert "bench needs a benchmark name (serve, throughput, attention), got 'nonsense'" in capsys.readouterr().err
+
+
+def test_json_schema_and_regex_constrain_one_shot_and_batch_answers(tmp_path, capsys) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(schema))
+    assert main(["--input", "hello", "--max-tokens", "40", "--json-schema", str(schema_file), *MOCK]) == 0
+    assert json.loads(capsys.readouterr().out) in ({"ok": True}, {"ok": False})
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("one\ntwo\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["--input-file", str(prompts), "--output-file", str(out), "--max-tokens", "20", "--regex", "[0-9]{3}", *MOCK]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [len(r["output"]) for r in rows] == [3, 3] and all(r["output"].isdigit() for r in rows)
+
+
+def test_a_schema_file_that_is_not_json_is_an_input_error(tmp_path, capsys) -> None:
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text("{not json")
+    assert main(["--input", "hello", "--json-schema", str(schema_file), *MOCK]) == 2
+    assert "the JSON schema is not valid JSON" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from collections import OrderedDict
 import llguidance
 import numpy as np
 
-from hetero_core.errors import ConfigError, ExecutionError, ValidationError
+from hetero_core.errors import ExecutionError, ValidationError
 from hetero_core.protocols import Tokenizer
 from hetero_core.structured_output import ConstraintKind, StructuredOutput, num_bitmask_words
 from hetero_structured_llguidance.vocabulary import llguidance_tokenizer
@@ -67,12 +67,6 @@ class LLGuidanceBackend:
     """
 
     def __init__(self, tokenizer: Tokenizer, *, whitespace_flexible: bool = False, max_cached_grammars: int = 256) -> None:
-        if not isinstance(whitespace_flexible, bool):
-            raise ConfigError(f"whitespace_flexible must be a boolean, got {whitespace_flexible!r}", param="structured_output")
-        if isinstance(max_cached_grammars, bool) or not isinstance(max_cached_grammars, int) or max_cached_grammars < 1:
-            raise ConfigError(
-                f"max_cached_grammars must be an integer >= 1, got {max_cached_grammars!r}", param="structured_output"
-            )
         self._tokenizer = llguidance_tokenizer(tokenizer)
         self._num_words = num_bitmask_words(tokenizer.vocab_size)
         self._eos_token_id = tokenizer.eos_token_id

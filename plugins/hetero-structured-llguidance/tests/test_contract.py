@@ -35,13 +35,19 @@ class TestOnTheByteTokenizer(StructuredOutputBackendContract):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"whitespace_flexible": "yes"}, "whitespace_flexible must be a boolean"),
-        ({"max_cached_grammars": 0}, "max_cached_grammars must be an integer >= 1"),
+        ({"whitespace_flexible": "yes"}, "whitespace_flexible"),
+        ({"max_cached_grammars": 0}, "max_cached_grammars"),
+        ({"cache": 3}, "no option .cache.; accepted: whitespace_flexible, max_cached_grammars"),
     ],
 )
-def test_bad_options_are_config_errors(options, message) -> None:
+def test_bad_options_are_config_errors_naming_them(options, message) -> None:
+    from hetero_core.plugins import ComponentRegistry, create_plugin_manager
+    from hetero_structured_llguidance import plugin
+
+    pm = create_plugin_manager(entry_points=False)
+    pm.register(plugin, name="structured-llguidance")
     with pytest.raises(ConfigError, match=message):
-        LLGuidanceBackend(SimpleTokenizer(), **options)
+        ComponentRegistry(pm).create("structured_output", "llguidance", options, SimpleTokenizer())
 
 
 def test_a_tokenizer_without_a_readable_vocabulary_is_refused() -> None:
