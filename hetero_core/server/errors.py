@@ -67,7 +67,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
+        first = _most_specific(exc.errors())
         if first.get("type") == "json_invalid":
             return respond(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
         location = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(p)]
@@ -81,6 +81,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(internal_error_body(exc), status_code=500)
+
+
+def _most_specific(errors: list[dict]) -> dict:
+    """Of the first field's errors (one per member of a union), the one that got deepest into the value."""
+    if not errors:
+        return {}
+    field = errors[0].get("loc", ())[:2]
+    return max((e for e in errors if e.get("loc", ())[:2] == field), key=lambda e: len(e.get("loc", ())))
 
 
 def _is_type_tag(part: object) -> bool:
