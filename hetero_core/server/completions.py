@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -104,9 +104,24 @@ def _stream(service: Service, generation: Generation, chunks: AsyncIterator[str]
         except Exception as exc:  # a fault after the 200 went out: the client still gets an error event
             yield sse(internal_error_body(exc))
             yield SSE_DONE
-        finally:
-            service.live.discard(generation)
-            if not generation.is_finished:
-                generation.abort()
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def close() -> None:
+        service.live.discard(generation)
+        if not generation.is_finished:
+            generation.abort()
+
+    return _EventStream(events(), close)
+
+
+class _EventStream(StreamingResponse):
+    """A stream that runs ``on_close`` however it ends, even when the client leaves before the first event."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()

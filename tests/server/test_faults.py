@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import httpx
+from fastapi.testclient import TestClient
 
 from hetero_core.builtin.mock_executor import MockExecutor
 from hetero_core.config import EngineConfig
@@ -16,6 +17,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
 from hetero_core.hookspecs import hookimpl
 from hetero_core.plugins import create_plugin_manager
+from hetero_core.server.app import create_app
 
 from .conftest import RunningServer, mock_server_config
 
@@ -130,3 +132,29 @@ def test_a_faulty_step_fails_what_is_in_flight_then_the_engine_goes_out_of_servi
         server.thread.join(timeout=10)  # the aborted request's own steps keep failing: three in a row stop the server
         assert not server.thread.is_alive()
         assert "failed steps in a row" in server.server.failure
+
+
+class OutOfServiceBackend:
+    """A backend that failed, with a reason that names a path."""
+
+    error = "the model failed to load: ConfigError: model file /srv/secret/weights.gguf not found"
+    error_status = 500
+    is_ready = False
+    tokenizer = engine = None
+
+    def engine_metrics(self) -> None:
+        return None
+
+    def start(self, loop: Any) -> None:
+        pass
+
+    def stop(self, drain_timeout: float) -> None:
+        pass
+
+
+def test_unauthenticated_endpoints_keep_the_reason_to_the_log() -> None:
+    with TestClient(create_app(mock_server_config(), OutOfServiceBackend())) as client:
+        for response in (client.get("/readyz"), client.get("/metrics"), client.post("/v1/completions", json={"prompt": "x"})):
+            assert response.status_code in (200, 503)
+            assert "/srv/secret" not in response.text and "ConfigError" not in response.text
+        assert client.get("/readyz").json() == {"status": "not ready", "detail": "the backend is out of service"}
