@@ -41,7 +41,7 @@ class RunningServer:
     def start(self, *, until: str = "/readyz") -> RunningServer:
         """Serve, and return once ``until`` answers 200 (``/healthz`` to return before the engine is built)."""
         self.thread.start()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a loaded machine may take minutes to load and warm the real model
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}{until}").status_code == 200:

@@ -175,7 +175,7 @@ def test_no_body_harms_the_server_or_a_bystander(server) -> None:
     URL = server.url
     with Bystander(server.url) as bystander:
 
-        @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(BODIES)
         def fuzz(case: tuple[str, Any]) -> None:
             check_answer(*case)
