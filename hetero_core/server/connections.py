@@ -26,6 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = structlog.get_logger()
 
 RESERVED_FILE_DESCRIPTORS = 128  # for the model files, logs, pipes and threads, beside the connections
+DEFAULT_BACKLOG = 2048  # uvicorn's listen backlog
 LOG_INTERVAL = 10.0  # seconds between two log lines about the same exhaustion
 RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -61,8 +62,16 @@ def log_resource_exhaustion_once() -> Any:
     return handler
 
 
-def fit_to_file_limit(max_connections: int) -> int:
-    """Raise the soft file-descriptor limit to the hard one; a connection cap the limit cannot hold is lowered, with a warning."""
+def fit_to_file_limit(max_connections: int, backlog: int = DEFAULT_BACKLOG) -> tuple[int, int]:
+    """The connection cap and listen backlog this process's file descriptors can hold, as ``(max_connections, backlog)``.
+
+    The soft limit is first raised to the hard one. asyncio accepts up to
+    ``backlog`` connections in one burst, before any of them can be closed
+    to make room, so both together must fit under the limit (less
+    ``RESERVED_FILE_DESCRIPTORS``); if they do not, both are lowered, with a
+    warning. Past the limit, ``accept`` fails with ``EMFILE``, and asyncio
+    then schedules one retry per failed call: a storm of timers and log lines.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
         try:
@@ -70,11 +79,19 @@ def fit_to_file_limit(max_connections: int) -> int:
             soft = hard
         except (ValueError, OSError):
             pass
-    if soft == resource.RLIM_INFINITY or max_connections <= soft - RESERVED_FILE_DESCRIPTORS:
-        return max_connections
-    fitted = max(1, soft - RESERVED_FILE_DESCRIPTORS)
-    log.warning("server.max_connections lowered to fit the file-descriptor limit", configured=max_connections, used=fitted, limit=soft)
-    return fitted
+    budget = soft - RESERVED_FILE_DESCRIPTORS
+    if soft == resource.RLIM_INFINITY or max_connections + backlog <= budget:
+        return max_connections, backlog
+    fitted_connections = max(1, min(max_connections, budget // 2))
+    fitted_backlog = max(1, min(backlog, budget - fitted_connections))
+    log.warning(
+        "server.max_connections and the listen backlog lowered to fit the file-descriptor limit",
+        max_connections=fitted_connections,
+        backlog=fitted_backlog,
+        configured=max_connections,
+        limit=soft,
+    )
+    return fitted_connections, fitted_backlog
 
 
 def bounded_protocol(max_connections: int, read_timeout: float) -> type[H11Protocol]:

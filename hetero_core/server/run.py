@@ -47,12 +47,14 @@ class Server(uvicorn.Server):
 
     def __init__(self, app: FastAPI, config: EngineConfig, **uvicorn_options: Any) -> None:
         server = config.server
+        max_connections, backlog = fit_to_file_limit(server.max_connections)
         super().__init__(
             uvicorn.Config(
                 app,
                 host=server.host,
                 port=server.port,
-                http=bounded_protocol(fit_to_file_limit(server.max_connections), server.read_timeout),
+                backlog=backlog,
+                http=bounded_protocol(max_connections, server.read_timeout),
                 timeout_graceful_shutdown=server.drain_timeout + SHUTDOWN_GRACE,  # type: ignore[arg-type]
                 **uvicorn_options,
             )

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
+import resource
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -90,9 +95,47 @@ def test_resource_exhaustion_is_logged_once_per_interval() -> None:
         loop.close()
 
 
-def test_the_connection_cap_fits_the_file_descriptor_limit(monkeypatch) -> None:
+def test_the_connection_cap_and_backlog_fit_the_file_descriptor_limit(monkeypatch) -> None:
     monkeypatch.setattr(connections.resource, "getrlimit", lambda _which: (512, 512))
+    budget = 512 - connections.RESERVED_FILE_DESCRIPTORS
     with structlog.testing.capture_logs() as logs:
-        assert connections.fit_to_file_limit(10_000) == 512 - connections.RESERVED_FILE_DESCRIPTORS
-        assert connections.fit_to_file_limit(100) == 100
+        assert connections.fit_to_file_limit(10_000) == (budget // 2, budget - budget // 2)
+        assert connections.fit_to_file_limit(100, backlog=200) == (100, 200)
     assert len(logs) == 1 and logs[0]["configured"] == 10_000
+
+
+def test_a_flood_past_the_file_descriptor_limit_is_survived_quietly(tmp_path) -> None:
+    """The served command under a 256-descriptor limit: 600 idle connections, and still /healthz, with a handful of log lines."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "server": {"port": port}}))
+    limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))  # noqa: E731
+    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(config)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=limit)
+    url = f"http://127.0.0.1:{port}"
+    flood: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        for _ in range(600):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        for _ in range(5):
+            assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 3}, timeout=10).status_code == 200
+    finally:
+        for connection in flood:
+            connection.close()
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    lines = output.splitlines()
+    assert any("lowered to fit the file-descriptor limit" in line for line in lines), output
+    assert len(lines) < 20 and "Traceback" not in output, output
