@@ -26,9 +26,9 @@ METRICS_AND_DOCS = frozenset({"/metrics", "/openapi.json", "/docs", "/docs/oauth
 def api_key(server: ServerConfig) -> str | None:
     """The configured key, or None for an open server; ConfigError for a key no client could send."""
     key = server.api_key or os.environ.get(API_KEY_ENV) or None
-    if key is not None and not (key.isascii() and key.isprintable() and " " not in key):
+    if key is not None and not (isinstance(key, str) and key.isascii() and key.isprintable() and " " not in key):
         source = "server.api_key" if server.api_key else API_KEY_ENV
-        raise ConfigError(f"{source} must be printable ASCII without spaces (an HTTP header carries it)", param="api_key")
+        raise ConfigError(f"{source} must be a string of printable ASCII without spaces (an HTTP header carries it)", param="api_key")
     return key
 
 

@@ -56,10 +56,10 @@ def test_metrics_and_docs_can_need_the_key() -> None:
 
 @pytest.mark.parametrize("key", ["clé", "two words", "tab\there"])
 def test_a_key_no_header_can_carry_is_refused_at_start_up(key: str, monkeypatch) -> None:
-    with pytest.raises(ConfigError, match="server.api_key must be printable ASCII"):
+    with pytest.raises(ConfigError, match="server.api_key must be a string of printable ASCII"):
         create_app(mock_server_config(server={"api_key": key}))
     monkeypatch.setenv("HETERO_API_KEY", key)
-    with pytest.raises(ConfigError, match="HETERO_API_KEY must be printable ASCII"):
+    with pytest.raises(ConfigError, match="HETERO_API_KEY must be a string of printable ASCII"):
         create_app(mock_server_config())
 
 
