@@ -10,6 +10,7 @@ allowed there.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -106,12 +107,16 @@ class ServerConfig:
     port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
     model_name: str | None = attrs.field(default=None, validator=_optional_name)  # the name clients use; defaults to the model file's name
     backend: str = attrs.field(default="local_engine", validator=one_of(BACKENDS, error=ConfigError))
-    command: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # command_bridge: program and arguments
+    command: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(shlex.split(v) if isinstance(v, str) else v))  # command_bridge: program and arguments
     command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
     command_concurrency: int = attrs.field(default=4, validator=_positive_int)
     api_key: str | None = attrs.field(default=None, validator=_optional_name)  # also HETERO_API_KEY; None leaves the server open
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)
     drain_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, error=ConfigError))
+    max_connections: int = attrs.field(default=1024, validator=_positive_int)  # open connections; the oldest idle one makes way
+    read_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, low_open=True, error=ConfigError))  # to receive a request
+    max_choices_per_request: int = attrs.field(default=256, validator=_positive_int)  # prompts x n in one request
+    protect_metrics_and_docs: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))  # behind the API key too
 
     def __attrs_post_init__(self) -> None:
         if self.backend == "command_bridge" and not self.command:

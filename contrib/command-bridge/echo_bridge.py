@@ -6,7 +6,8 @@ Run the server with it:
     hetero-infer serve --config bridge.json   # "server": {"backend": "command_bridge", "command": ["python3", "echo_bridge.py"]}
 
 A real bridge would call another inference program here. This one echoes, and
-for testing fails on the prompt FAIL (exit status 3) and hangs on SLEEP.
+for testing fails on the prompt FAIL (exit status 3), hangs on SLEEP and lists
+the names in its environment on ENV.
 """
 
 import os
@@ -19,6 +20,9 @@ if prompt == "FAIL":
     sys.exit(3)
 if prompt == "SLEEP":
     time.sleep(60)
+if prompt == "ENV":
+    print(" ".join(sorted(os.environ)), end="")
+    sys.exit(0)
 max_tokens = os.environ["HETERO_MAX_TOKENS"]
 temperature = os.environ["HETERO_TEMPERATURE"]
 top_p = os.environ["HETERO_TOP_P"]

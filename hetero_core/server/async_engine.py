@@ -9,7 +9,8 @@ A step that raises (a fault in a component, not a failing executor, which
 the engine itself retries and reports per request) fails every request in
 flight with an error that names a logged id; after
 ``MAX_CONSECUTIVE_STEP_FAILURES`` such steps in a row the engine is taken
-out of service and the server answers 503.
+out of service (``error`` is set), which stops the server. A model that
+fails to load sets ``error`` too.
 """
 
 from __future__ import annotations

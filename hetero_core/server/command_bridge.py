@@ -1,15 +1,20 @@
 """The ``command_bridge`` backend: answer each request by running a configured program.
 
-The program runs without a shell, with the prompt and parameters in the
-environment (``HETERO_PROMPT``, ``HETERO_MAX_TOKENS``, ``HETERO_TEMPERATURE``,
-``HETERO_TOP_P``); its stdout is the completion and its stderr is logged.
-A non-zero exit, a timeout or a missing program fails the request with 502.
-At most ``command_concurrency`` programs run at once; the rest wait.
+The program runs without a shell (a ``command`` given as one string is split
+with :func:`shlex.split`). Its environment is minimal: the request's
+``HETERO_PROMPT``, ``HETERO_MAX_TOKENS``, ``HETERO_TEMPERATURE`` and
+``HETERO_TOP_P``, plus only ``PASSED_ENVIRONMENT`` from the server's own
+environment (never its API key or other secrets). Its stdout is the
+completion and its stderr is logged. Every failure (a prompt an environment
+variable cannot carry, a missing program, a non-zero exit, a timeout)
+fails the request with 502 and the reason. At most ``command_concurrency``
+programs run at once; the rest wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 from typing import Any, Mapping, Sequence
 
@@ -21,6 +26,8 @@ from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 
 log = structlog.get_logger()
+
+PASSED_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 
 class CommandBridge:
@@ -34,7 +41,7 @@ class CommandBridge:
         self.command = list(server.command)
         self.timeout = server.command_timeout
         self._limit = asyncio.Semaphore(server.command_concurrency)
-        self._tasks: dict[str, asyncio.Task] = {}
+        self._runs: dict[str, concurrent.futures.Future] = {}
 
     def engine_metrics(self) -> None:
         return None
@@ -43,8 +50,8 @@ class CommandBridge:
         self._loop = loop
 
     def stop(self, drain_timeout: float) -> None:
-        for task in list(self._tasks.values()):
-            self._loop.call_soon_threadsafe(task.cancel)
+        for run in list(self._runs.values()):
+            run.cancel()
 
     def submit(
         self,
@@ -55,40 +62,51 @@ class CommandBridge:
         queue: asyncio.Queue,
         tag: int,
     ) -> None:
+        """Start ``params.n`` runs of the program; callable from any thread."""
         if messages is not None:
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         elif not isinstance(prompt, str):
             prompt = " ".join(str(t) for t in prompt)
         for index in range(params.n):
-            task = asyncio.ensure_future(self._run(prompt, params, request_id, index, queue, tag))
-            self._tasks[f"{request_id}/{index}"] = task
-            task.add_done_callback(lambda _t, key=f"{request_id}/{index}": self._tasks.pop(key, None))
+            key = f"{request_id}/{index}"
+            run = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id, index, queue, tag), self._loop)
+            self._runs[key] = run
+            run.add_done_callback(lambda _run, key=key: self._runs.pop(key, None))
 
     def abort(self, request_id: str) -> None:
-        for key, task in list(self._tasks.items()):
+        for key, run in list(self._runs.items()):
             if key.startswith(f"{request_id}/"):
-                task.cancel()
+                run.cancel()
 
     async def _run(self, prompt: str, params: GenerationParams, request_id: str, index: int, queue: asyncio.Queue, tag: int) -> None:
-        env = {
-            **os.environ,
+        request_env = {
             "HETERO_PROMPT": prompt,
             "HETERO_MAX_TOKENS": str(params.max_tokens),
             "HETERO_TEMPERATURE": str(params.temperature),
             "HETERO_TOP_P": str(params.top_p),
         }
-        async with self._limit:
-            text, error = await self._execute(env, request_id)
+        try:
+            async with self._limit:
+                text, error = await self._execute(request_env, request_id)
+        except Exception as exc:  # a fault of the server's own: still a 502 with a reason, never a hung request
+            log.error("bridge run failed", request_id=request_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            text, error = "", f"the bridge program could not be run ({type(exc).__name__})"
         reason = FinishReason.ERROR if error else FinishReason.STOP
         queue.put_nowait((tag, StreamDelta(request_id, index, text, [], None, reason, 0, error)))
 
-    async def _execute(self, env: dict[str, str], request_id: str) -> tuple[str, str | None]:
+    async def _execute(self, request_env: dict[str, str], request_id: str) -> tuple[str, str | None]:
+        for name, value in request_env.items():
+            if "\0" in value:
+                return "", f"{name} holds a NUL character, which an environment variable cannot carry"
+        env = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ} | request_env
         try:
             process = await asyncio.create_subprocess_exec(
                 *self.command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
             )
         except OSError as exc:
-            return "", f"cannot run {self.command[0]!r}: {exc.strerror}"
+            return "", f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
+        except (ValueError, UnicodeError) as exc:
+            return "", f"cannot pass the request to {self.command[0]!r}: {exc}"
         try:
             stdout, stderr = await asyncio.wait_for(process.communicate(), self.timeout)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:

@@ -21,7 +21,15 @@ STATUS = {
     ErrorKind.SCHEDULER: 503,  # the waiting queue is full: retry later
     ErrorKind.EXECUTION: 500,
 }
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error", 502: "upstream_error", 503: "server_overloaded"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    502: "upstream_error",
+    503: "server_overloaded",
+}
 
 
 class APIError(Exception):
@@ -42,6 +50,8 @@ def respond(status: int, message: str, *, param: str | None = None, code: str | 
 
 def engine_error_response(exc: EngineError) -> JSONResponse:
     status = STATUS[exc.kind]
+    if status == 500:  # the engine's fault: its text stays in the log
+        return JSONResponse(internal_error_body(exc), status_code=500)
     headers = {"Retry-After": "1"} if status == 503 else None
     return respond(status, exc.message, param=exc.param, code=exc.kind.value, headers=headers)
 
@@ -57,10 +67,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
+        first = _most_specific(exc.errors())
         if first.get("type") == "json_invalid":
             return respond(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
-        location = [str(p) for p in first.get("loc", ()) if p != "body"]
+        location = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(p)]
         message = first.get("msg", "invalid request body")
         return respond(400, f"{'.'.join(location) + ': ' if location else ''}{message}", param=location[0] if location else None)
 
@@ -71,6 +81,19 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(_request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(internal_error_body(exc), status_code=500)
+
+
+def _most_specific(errors: list[dict]) -> dict:
+    """Of the first field's errors (one per member of a union), the one that got deepest into the value."""
+    if not errors:
+        return {}
+    field = errors[0].get("loc", ())[:2]
+    return max((e for e in errors if e.get("loc", ())[:2] == field), key=lambda e: len(e.get("loc", ())))
+
+
+def _is_type_tag(part: object) -> bool:
+    """pydantic's union members in an error location (``str``, ``list[int]``, ``function-after[...]``), not fields."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
 def internal_error_body(exc: Exception) -> dict:

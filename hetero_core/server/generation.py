@@ -1,22 +1,34 @@
-"""One API call's generations: submit every prompt, merge their deltas, abort them all if the client leaves."""
+"""One API call's generations: submit every prompt, merge their deltas, abort them all if the client leaves.
+
+Submission runs on a worker thread (tokenizing a multi-megabyte prompt or
+rendering a chat template must not stall the event loop), and each delta
+costs O(1) however many choices the call has.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Mapping, Sequence
+import uuid
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import attrs
+import structlog
 
 from hetero_core.batch import TokenLogprobs
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
+from hetero_core.server.errors import APIError
 from hetero_core.server.metrics import ServerMetrics
+
+log = structlog.get_logger()
 
 REQUEST_ENDING = (FinishReason.ABORT, FinishReason.ERROR)  # the engine ends every sample of the request with these
 
 Input = tuple[str | Sequence[int] | None, Sequence[Mapping[str, Any]] | None]  # (prompt, messages)
+Prepare = Callable[[], tuple[list[Input], GenerationParams]]  # runs on the worker thread
+_CUT = object()  # queued by Generation.end: close every open choice
 
 
 @attrs.define
@@ -29,21 +41,24 @@ class Choice:
     logprobs: list[TokenLogprobs] = attrs.field(factory=list)
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
-    error: str | None = None
+    failure: APIError | None = None  # what the client is told when the sample failed
 
 
 class Generation:
-    """Submits ``inputs`` (each with ``params.n`` samples) and yields ``(choice, delta)`` as steps produce them."""
+    """Submits one call's inputs (each with ``params.n`` samples) and yields ``(choice, delta)`` as steps produce them."""
 
-    def __init__(self, backend: Any, metrics: ServerMetrics | None, inputs: list[Input], params: GenerationParams, request_id: str) -> None:
+    def __init__(self, backend: Any, metrics: ServerMetrics | None, request_id: str) -> None:
         self.backend = backend
         self.metrics = metrics
-        self.inputs = inputs
-        self.params = params
         self.request_id = request_id
-        self.queue: asyncio.Queue[tuple[int, StreamDelta]] = asyncio.Queue()
-        self.choices = [Choice(index=i) for i in range(len(inputs) * params.n)]
+        self.inputs: list[Input] = []
+        self.params = GenerationParams()
+        self.choices: list[Choice] = []
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._num_open = 0
         self._submitted: list[str] = []
+        self._failures: dict[int, APIError] = {}
+        self._cut: APIError | None = None
         self._started = time.monotonic()
         self._first_token_time: dict[int, float] = {}
         self._last_token_time: dict[int, float] = {}
@@ -51,8 +66,19 @@ class Generation:
     def _engine_id(self, number: int) -> str:
         return self.request_id if len(self.inputs) == 1 else f"{self.request_id}-{number}"
 
-    def start(self) -> None:
-        """Submit every input; if one is rejected, withdraw the others and re-raise."""
+    async def start(self, prepare: Prepare) -> None:
+        """Run ``prepare`` and submit what it returns, on a worker thread; a rejection withdraws the rest and re-raises."""
+        submitting = asyncio.ensure_future(asyncio.to_thread(self._submit_all, prepare))
+        try:
+            await asyncio.shield(submitting)
+        except asyncio.CancelledError:  # the client left: withdraw whatever the thread still submits
+            submitting.add_done_callback(lambda _task: self.abort())
+            raise
+
+    def _submit_all(self, prepare: Prepare) -> None:
+        self.inputs, self.params = prepare()
+        self.choices = [Choice(index=i) for i in range(len(self.inputs) * self.params.n)]
+        self._num_open = len(self.choices)
         try:
             for number, (prompt, messages) in enumerate(self.inputs):
                 self.backend.submit(prompt, messages, self.params, self._engine_id(number), self.queue, number)
@@ -65,13 +91,25 @@ class Generation:
         for engine_id in self._submitted:
             self.backend.abort(engine_id)
 
+    def end(self, failure: APIError) -> None:
+        """Stop now: abort every input and fail each open choice with ``failure`` (the server is shutting down)."""
+        self._cut = failure
+        self.abort()
+        self.queue.put_nowait(_CUT)
+
     @property
     def is_finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.choices)
+        return self._num_open == 0
 
     async def deltas(self) -> AsyncIterator[tuple[Choice, StreamDelta]]:
         while not self.is_finished:
-            number, delta = await self.queue.get()
+            item = await self.queue.get()
+            if item is _CUT:
+                for choice in [c for c in self.choices if c.finish_reason is None]:
+                    self._close(choice, FinishReason.ERROR, self._cut)
+                    yield choice, StreamDelta(self.request_id, choice.index, "", [], finish_reason=FinishReason.ERROR)
+                return
+            number, delta = item
             choice = self.choices[number * self.params.n + delta.index]
             if choice.finish_reason is not None:  # already closed with its request's abort or error
                 continue
@@ -79,20 +117,38 @@ class Generation:
             choice.token_ids.extend(delta.token_ids)
             choice.logprobs.extend(delta.logprobs or ())
             choice.num_prompt_tokens = delta.num_prompt_tokens
-            choice.finish_reason = delta.finish_reason
-            choice.error = delta.error
+            if delta.finish_reason is not None:
+                failure = self._failure(number, delta.error) if delta.finish_reason is FinishReason.ERROR else None
+                self._close(choice, delta.finish_reason, failure)
             self._observe(choice, delta)
             yield choice, delta
             if delta.finish_reason in REQUEST_ENDING:
                 for sibling in self._end_siblings(number, delta):
-                    yield sibling, StreamDelta(self.request_id, sibling.index, "", [], finish_reason=delta.finish_reason, error=delta.error)
+                    yield sibling, StreamDelta(self.request_id, sibling.index, "", [], finish_reason=delta.finish_reason)
+
+    def _close(self, choice: Choice, reason: FinishReason, failure: APIError | None) -> None:
+        choice.finish_reason, choice.failure = reason, failure
+        self._num_open -= 1
+
+    def _failure(self, number: int, error: str | None) -> APIError:
+        """What the client hears of a failed input: a 500 names only a logged id, never the internal error text."""
+        if number not in self._failures:
+            status = self.backend.error_status
+            if status == 500:
+                error_id = uuid.uuid4().hex[:12]
+                log.error("generation failed", request_id=self._engine_id(number), error_id=error_id, error=error)
+                self._failures[number] = APIError(500, f"internal error (id {error_id})", code="internal_error")
+            else:  # the backend's own reason (a bridge program's exit status or timeout), composed by the server
+                self._failures[number] = APIError(status, f"generation failed: {error}", code="generation_failed")
+        return self._failures[number]
 
     def _end_siblings(self, number: int, delta: StreamDelta) -> list[Choice]:
         """An abort or an error ends the whole engine request: close the samples that never got their own final delta."""
         siblings = self.choices[number * self.params.n : (number + 1) * self.params.n]
         open_siblings = [c for c in siblings if c.finish_reason is None]
+        failure = self._failures.get(number)
         for sibling in open_siblings:
-            sibling.finish_reason, sibling.error = delta.finish_reason, delta.error
+            self._close(sibling, delta.finish_reason, failure)
             sibling.num_prompt_tokens = delta.num_prompt_tokens
         return open_siblings
 

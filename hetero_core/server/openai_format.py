@@ -1,48 +1,42 @@
-"""Shaping results as OpenAI's response and stream-chunk objects."""
+"""Shaping results as OpenAI's response and stream-chunk objects, for completions and for chat.
+
+No non-finite number reaches a client: a logprob of minus infinity (a token
+the request's parameters ruled out) is sent as -9999.0, as OpenAI does, and
+any other non-finite number is a fault that fails the request with a
+logged 500 rather than an invalid JSON document.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
 from hetero_core.batch import TokenLogprobs
-from hetero_core.server.generation import Choice
+from hetero_core.outputs import StreamDelta
+from hetero_core.server.generation import Choice, Generation
+from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
 
-
-def sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
+IMPOSSIBLE_LOGPROB = -9999.0
 
 SSE_DONE = "data: [DONE]\n\n"
 
 
+def sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, allow_nan=False)}\n\n"
+
+
+def finite_logprob(value: float) -> float:
+    if value == -math.inf:
+        return IMPOSSIBLE_LOGPROB
+    if not math.isfinite(value):
+        raise ValueError(f"the engine produced a non-finite logprob ({value})")
+    return value
+
+
 def finish_reason(choice: Choice) -> str | None:
     return None if choice.finish_reason is None else choice.finish_reason.value
-
-
-def completion_logprobs(tokenizer: Any, logprobs: list[TokenLogprobs], text_offset: int) -> dict[str, Any]:
-    """The completions API's logprobs object (tokens, token_logprobs, top_logprobs, text_offset)."""
-    tokens, token_logprobs, top, offsets = [], [], [], []
-    offset = text_offset
-    for entry in logprobs:
-        text = tokenizer.decode([entry.token_id], skip_special_tokens=False)
-        tokens.append(text)
-        token_logprobs.append(entry.logprob)
-        top.append({tokenizer.decode([t], skip_special_tokens=False): lp for t, lp in entry.top})
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
-
-
-def chat_logprobs(tokenizer: Any, logprobs: list[TokenLogprobs]) -> dict[str, Any]:
-    """The chat API's logprobs object: one entry per token with its top alternatives."""
-
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = tokenizer.decode([token_id], skip_special_tokens=False)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
-
-    return {"content": [{**entry(e.token_id, e.logprob), "top_logprobs": [entry(t, lp) for t, lp in e.top]} for e in logprobs]}
 
 
 def envelope(kind: str, request_id: str, model: str, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
@@ -50,3 +44,86 @@ def envelope(kind: str, request_id: str, model: str, choices: list[dict], usage:
     if usage is not None or kind in ("text_completion", "chat.completion"):
         body["usage"] = usage
     return body
+
+
+class CompletionFormat:
+    """``/v1/completions``: text choices, ``echo``, the legacy logprobs object."""
+
+    response_object = chunk_object = "text_completion"
+
+    def __init__(self, body: CompletionRequest, tokenizer: Any, generation: Generation) -> None:
+        self.body, self.tokenizer, self.generation = body, tokenizer, generation
+        self._echoed: set[int] = set()
+
+    def opening(self) -> list[dict]:
+        return []
+
+    def _prefix(self, choice: Choice) -> str:
+        if not self.body.echo:
+            return ""
+        prompt = self.generation.inputs[choice.index // self.generation.params.n][0]
+        return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
+
+    def _logprobs(self, entries: list[TokenLogprobs], text_offset: int) -> dict | None:
+        if self.body.logprobs is None:
+            return None
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        offset = text_offset
+        for entry in entries:
+            text = self.tokenizer.decode([entry.token_id], skip_special_tokens=False)
+            tokens.append(text)
+            token_logprobs.append(finite_logprob(entry.logprob))
+            top.append({self.tokenizer.decode([t], skip_special_tokens=False): finite_logprob(lp) for t, lp in entry.top})
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def chunk(self, choice: Choice, delta: StreamDelta) -> dict | None:
+        text = delta.text
+        if choice.index not in self._echoed:
+            self._echoed.add(choice.index)
+            text = self._prefix(choice) + text
+        if not text and not delta.finish_reason and not delta.token_ids:
+            return None
+        offset = len(choice.text) - len(delta.text)
+        logprobs = self._logprobs(delta.logprobs or [], offset)
+        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+
+    def whole(self, choice: Choice) -> dict:
+        prefix = self._prefix(choice)
+        logprobs = self._logprobs(choice.logprobs, len(prefix))
+        return {"index": choice.index, "text": prefix + choice.text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+
+
+class ChatFormat:
+    """``/v1/chat/completions``: assistant messages, a role chunk first, the chat logprobs object."""
+
+    response_object, chunk_object = "chat.completion", "chat.completion.chunk"
+
+    def __init__(self, body: ChatCompletionRequest, tokenizer: Any, generation: Generation) -> None:
+        self.body, self.tokenizer, self.generation = body, tokenizer, generation
+
+    def opening(self) -> list[dict]:
+        return [
+            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for index in range(len(self.generation.choices))
+        ]
+
+    def _entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": text, "logprob": finite_logprob(logprob), "bytes": list(text.encode())}
+
+    def _logprobs(self, entries: list[TokenLogprobs]) -> dict | None:
+        if not self.body.logprobs:
+            return None
+        return {"content": [{**self._entry(e.token_id, e.logprob), "top_logprobs": [self._entry(t, lp) for t, lp in e.top]} for e in entries]}
+
+    def chunk(self, choice: Choice, delta: StreamDelta) -> dict | None:
+        if not delta.text and not delta.finish_reason and not delta.token_ids:
+            return None
+        content = {"content": delta.text} if delta.text else {}
+        return {"index": choice.index, "delta": content, "logprobs": self._logprobs(delta.logprobs or []), "finish_reason": finish_reason(choice)}
+
+    def whole(self, choice: Choice) -> dict:
+        message = {"role": "assistant", "content": choice.text}
+        return {"index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs), "finish_reason": finish_reason(choice)}

@@ -1,20 +1,36 @@
-"""``hetero-infer serve``: uvicorn in front of the app; SIGTERM drains in-flight requests, then exits 0."""
+"""``hetero-infer serve``: uvicorn in front of the app.
+
+SIGTERM (or SIGINT) stops accepting connections and lets in-flight requests
+finish for up to ``server.drain_timeout`` seconds; what is still running
+then is ended with an error (an error event on a stream), and the process
+exits 0. A backend that fails (a model that cannot load, an engine out of
+service) stops the server, and ``serve`` raises with the reason, so the
+command exits non-zero instead of answering 503 forever.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
-import os
 import signal
-from typing import Iterator
+import threading
+from typing import Any, Iterator
 
 import structlog
 import uvicorn
+from fastapi import FastAPI
 
 from hetero_core.config import EngineConfig
-from hetero_core.server.app import API_KEY_ENV, create_app
+from hetero_core.errors import EngineError
+from hetero_core.server.app import create_app
+from hetero_core.server.auth import api_key
+from hetero_core.server.connections import bounded_protocol, fit_to_file_limit
+from hetero_core.server.errors import APIError
 
 log = structlog.get_logger()
+
+SHUTDOWN_GRACE = 5.0  # seconds after the drain timeout for the ended requests to send their last bytes
 
 
 def is_loopback(host: str) -> bool:
@@ -26,11 +42,54 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class DrainingServer(uvicorn.Server):
-    """On SIGINT/SIGTERM: stop accepting, let running requests finish, exit normally (no re-raised signal)."""
+class Server(uvicorn.Server):
+    """uvicorn, with the drain described above; ``failure`` holds why a failed backend stopped it."""
+
+    def __init__(self, app: FastAPI, config: EngineConfig, **uvicorn_options: Any) -> None:
+        server = config.server
+        max_connections, backlog = fit_to_file_limit(server.max_connections)
+        super().__init__(
+            uvicorn.Config(
+                app,
+                host=server.host,
+                port=server.port,
+                backlog=backlog,
+                http=bounded_protocol(max_connections, server.read_timeout),
+                timeout_graceful_shutdown=server.drain_timeout + SHUTDOWN_GRACE,  # type: ignore[arg-type]
+                **uvicorn_options,
+            )
+        )
+        self.app = app
+        self.drain_timeout = server.drain_timeout
+        self.failure: str | None = None
+
+    async def on_tick(self, counter: int) -> bool:
+        error = self.app.state.backend.error
+        if error is not None and self.failure is None:
+            self.failure = error
+            log.error("the backend failed: stopping the server", error=error)
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        cut = asyncio.get_running_loop().call_later(self.drain_timeout, self._end_in_flight)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
+
+    def _end_in_flight(self) -> None:
+        failure = APIError(503, "the server shut down before this request finished", headers={"Retry-After": "5"})
+        ended = self.app.state.service.end_all(failure)
+        if ended:
+            log.warning("drain timeout passed: ended requests in flight", count=ended, drain_timeout=self.drain_timeout)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
+        """On SIGINT/SIGTERM: drain and return normally (uvicorn would re-raise the signal); only on the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
         previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
@@ -40,17 +99,13 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(config: EngineConfig) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests then get up to ``server.drain_timeout`` seconds."""
+    """Serve until SIGINT/SIGTERM; raise ``EngineError`` if the backend fails."""
     app = create_app(config)
     log.info("serving", host=config.server.host, port=config.server.port, backend=config.server.backend)
-    if not is_loopback(config.server.host) and not (config.server.api_key or os.environ.get(API_KEY_ENV)):
+    if not is_loopback(config.server.host) and api_key(config.server) is None:
         log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=config.server.host)
-    uvicorn_config = uvicorn.Config(
-        app,
-        host=config.server.host,
-        port=config.server.port,
-        log_level="warning",
-        timeout_graceful_shutdown=max(1, int(config.server.drain_timeout)),
-    )
-    DrainingServer(uvicorn_config).run()
+    server = Server(app, config, log_level="warning")
+    server.run()
+    if server.failure is not None:
+        raise EngineError(f"the server stopped: {server.failure}")
     log.info("server stopped")

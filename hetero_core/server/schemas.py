@@ -1,36 +1,66 @@
 """OpenAI request bodies, as pydantic models (they also make the server's OpenAPI schema).
 
-Unknown fields are ignored, as OpenAI-compatible servers do; ranges are
+Unknown fields are ignored, as OpenAI-compatible servers do. Known fields
+are strict: ``true`` is not a token id, ``"yes"`` is not a boolean, and
+``1.5`` is not an integer; non-finite numbers and strings holding lone
+surrogates (which no response could encode) are refused. Ranges are
 checked by :class:`GenerationParams`, whose errors name the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator
 
 from hetero_core.params import GenerationParams
 
-Prompt = Union[str, list[str], list[int], list[list[int]]]
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+ROLES = ("system", "developer", "user", "assistant")  # developer is OpenAI's newer name for system
+
+
+def _encodable(text: str) -> str:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+TokenIds = list[int]
+
+
+def _prompt_forms(value: Any, handler: Any, _info: ValidationInfo) -> Any:
+    try:
+        return handler(value)
+    except ValueError as exc:
+        if "lone surrogate" in str(exc):
+            raise ValueError("prompt must be valid Unicode text (it holds a lone surrogate)") from None
+        raise ValueError("must be a string, a list of strings, a list of token ids or a list of lists of token ids") from None
+
+
+Prompt = Annotated[Union[Text, list[Text], TokenIds, list[TokenIds]], WrapValidator(_prompt_forms)]
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class SamplingFields(BaseModel):
     """What completions and chat completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    model: str | None = None
+    model: Text | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
     n: int = 1
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
@@ -41,7 +71,7 @@ class SamplingFields(BaseModel):
     priority: int = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
 
     def params(self, max_tokens: int, logprobs: int | None) -> GenerationParams:
         """The engine's parameters (OpenAI's defaults where a field is absent)."""
@@ -78,20 +108,22 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    role: str
-    content: str | list[TextPart] | None = None
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    content: Text | list[TextPart] | None = None
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+    def to_template(self) -> dict[str, str]:
+        """The message as the chat template takes it (``developer`` is rendered as ``system``)."""
+        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content or ())
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -101,18 +133,23 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` (OpenAI's current name) or else ``max_tokens``; 0 is a value, not an absence."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    model: str | None = None
-    prompt: str | None = None
+    model: Text | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    model: str | None = None
+    model: Text | None = None
     tokens: list[int]

@@ -9,12 +9,12 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
-import uvicorn
 
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.server.app import create_app
 from hetero_core.server.async_engine import AsyncEngine
+from hetero_core.server.run import Server
 
 
 class RunningServer:
@@ -28,7 +28,7 @@ class RunningServer:
         backend = None if engine_factory is None else AsyncEngine(self.config, engine_factory=engine_factory)
         self.app = create_app(self.config, backend)
         self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="error"))
+        self.server = Server(self.app, self.config, log_level="error")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -41,7 +41,7 @@ class RunningServer:
     def start(self, *, until: str = "/readyz") -> RunningServer:
         """Serve, and return once ``until`` answers 200 (``/healthz`` to return before the engine is built)."""
         self.thread.start()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a loaded machine may take minutes to load and warm the real model
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"{self.url}{until}").status_code == 200:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any
 
 import httpx
+from fastapi.testclient import TestClient
 
 from hetero_core.builtin.mock_executor import MockExecutor
 from hetero_core.config import EngineConfig
@@ -15,6 +17,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
 from hetero_core.hookspecs import hookimpl
 from hetero_core.plugins import create_plugin_manager
+from hetero_core.server.app import create_app
 
 from .conftest import RunningServer, mock_server_config
 
@@ -54,6 +57,12 @@ def stream_events(url: str, body: dict) -> list[Any]:
         return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]" for line in response.iter_lines() if line.startswith("data: ")]
 
 
+def assert_internal_error(body: dict) -> None:
+    """A 500 names a logged id, never the internal exception's text."""
+    assert re.fullmatch(r"internal error \(id [0-9a-f]{12}\)", body["error"]["message"]), body
+    assert "injected" not in json.dumps(body)
+
+
 def test_readyz_is_503_until_the_engine_is_built() -> None:
     built = threading.Event()
 
@@ -75,21 +84,15 @@ def test_readyz_is_503_until_the_engine_is_built() -> None:
         server.__exit__()
 
 
-def test_an_engine_that_fails_to_build_is_reported() -> None:
+def test_an_engine_that_fails_to_build_stops_the_server() -> None:
     def broken_build(config: EngineConfig) -> InferenceEngine:
         raise ConfigError("model file /models/absent.gguf not found", param="model")
 
-    server = RunningServer(mock_server_config(), engine_factory=broken_build).start(until="/healthz")
-    try:
-        deadline = time.monotonic() + 10
-        while "absent.gguf" not in httpx.get(f"{server.url}/readyz").text and time.monotonic() < deadline:
-            time.sleep(0.02)
-        ready = httpx.get(f"{server.url}/readyz")
-        assert ready.status_code == 503 and "model file /models/absent.gguf not found" in ready.json()["detail"]
-        refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"})
-        assert refused.status_code == 503 and "the model failed to load" in refused.json()["error"]["message"]
-    finally:
-        server.__exit__()
+    server = RunningServer(mock_server_config(), engine_factory=broken_build)
+    server.thread.start()
+    server.thread.join(timeout=30)
+    assert not server.thread.is_alive()
+    assert "model file /models/absent.gguf not found" in server.server.failure
 
 
 def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -> None:
@@ -104,10 +107,10 @@ def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -
         url = server.url
         bad = httpx.post(f"{url}/v1/completions", json={"prompt": POISON, "max_tokens": 20, "n": 3}, timeout=30)
         assert bad.status_code == 500  # every one of the n=3 samples ended, none left waiting
-        assert "failed to run" in bad.json()["error"]["message"]  # with an error id; the exception is logged
-        assert "injected executor fault" not in bad.json()["error"]["message"]
+        assert_internal_error(bad.json())
         events = stream_events(url, {"prompt": POISON, "max_tokens": 5})
-        assert events[-1] == "[DONE]" and "failed to run" in events[-2]["error"]["message"]
+        assert events[-1] == "[DONE]"
+        assert_internal_error(events[-2])
         good = httpx.post(f"{url}/v1/completions", json={"prompt": "fine", "max_tokens": 20, "temperature": 0}, timeout=30)
         assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 20
         assert server.engine.get_memory_stats().used_blocks == 0
@@ -126,9 +129,32 @@ def test_a_faulty_step_fails_what_is_in_flight_then_the_engine_goes_out_of_servi
 
         server.engine.faults = 100
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 500
-        deadline = time.monotonic() + 10  # the aborted request's own steps keep failing: three in a row
-        while httpx.get(f"{url}/readyz").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert httpx.get(f"{url}/readyz").status_code == 503
-        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
-        assert refused.status_code == 503 and "failed steps in a row" in refused.json()["error"]["message"]
+        server.thread.join(timeout=10)  # the aborted request's own steps keep failing: three in a row stop the server
+        assert not server.thread.is_alive()
+        assert "failed steps in a row" in server.server.failure
+
+
+class OutOfServiceBackend:
+    """A backend that failed, with a reason that names a path."""
+
+    error = "the model failed to load: ConfigError: model file /srv/secret/weights.gguf not found"
+    error_status = 500
+    is_ready = False
+    tokenizer = engine = None
+
+    def engine_metrics(self) -> None:
+        return None
+
+    def start(self, loop: Any) -> None:
+        pass
+
+    def stop(self, drain_timeout: float) -> None:
+        pass
+
+
+def test_unauthenticated_endpoints_keep_the_reason_to_the_log() -> None:
+    with TestClient(create_app(mock_server_config(), OutOfServiceBackend())) as client:
+        for response in (client.get("/readyz"), client.get("/metrics"), client.post("/v1/completions", json={"prompt": "x"})):
+            assert response.status_code in (200, 503)
+            assert "/srv/secret" not in response.text and "ConfigError" not in response.text
+        assert client.get("/readyz").json() == {"status": "not ready", "detail": "the backend is out of service"}

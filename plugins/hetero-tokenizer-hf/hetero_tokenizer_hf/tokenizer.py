@@ -64,7 +64,7 @@ class HuggingFaceTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         try:
-            return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids  # encode() holds the GIL throughout
         except TypeError as exc:
             raise ValidationError(f"text is not valid Unicode (a lone surrogate?): {exc}", param="prompt") from exc
 

@@ -1,0 +1,127 @@
+"""``/v1/completions`` and ``/v1/chat/completions``: one flow, two response formats.
+
+Each call builds a :class:`Generation` on a worker thread, then either
+waits for every choice (aborting them when the client disconnects) or
+streams server-sent events that end with ``[DONE]``; a failure after the
+200 went out becomes an error event before ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from hetero_core.server.errors import APIError, error_body, internal_error_body
+from hetero_core.server.generation import Choice, Generation, Prepare
+from hetero_core.server.inputs import chat_inputs, completion_inputs
+from hetero_core.server.openai_format import SSE_DONE, ChatFormat, CompletionFormat, envelope, sse
+from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
+from hetero_core.server.service import Service
+
+DISCONNECT_POLL = 0.1  # seconds between checks that a non-streaming client is still there
+
+
+def add_generation_routes(app: FastAPI, service: Service) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        backend = service.ready_backend(body.model)
+        return await _generate(service, request, body, CompletionFormat, completion_inputs(body, backend, service.config), "cmpl")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        backend = service.ready_backend(body.model)
+        return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
+
+
+async def _generate(service: Service, request: Request, body: Any, format_class: type, prepare: Prepare, id_prefix: str) -> Any:
+    request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    generation = Generation(service.backend, service.metrics, request_id)
+    await generation.start(prepare)
+    shape = format_class(body, service.backend.tokenizer, generation)
+    service.live.add(generation)
+    if body.stream:
+        return _stream(service, generation, _chunks(service, generation, shape, body.include_usage))
+    try:
+        choices = await _wait(generation, request)
+    finally:
+        service.live.discard(generation)
+    _raise_if_failed(choices)
+    payload = [shape.whole(choice) for choice in choices]
+    return envelope(shape.response_object, request_id, service.model_name, payload, generation.usage())
+
+
+async def _chunks(service: Service, generation: Generation, shape: Any, include_usage: bool) -> AsyncIterator[str]:
+    model, request_id = service.model_name, generation.request_id
+    for opening in shape.opening():
+        yield sse(envelope(shape.chunk_object, request_id, model, [opening]))
+    async for choice, delta in generation.deltas():
+        _raise_if_failed([choice])
+        payload = shape.chunk(choice, delta)
+        if payload is not None:
+            yield sse(envelope(shape.chunk_object, request_id, model, [payload]))
+    if include_usage:
+        yield sse(envelope(shape.chunk_object, request_id, model, [], generation.usage()))
+
+
+def _raise_if_failed(choices: list[Choice]) -> None:
+    for choice in choices:
+        if choice.failure is not None:
+            raise choice.failure
+
+
+async def _wait(generation: Generation, request: Request) -> list[Choice]:
+    """Wait for every choice; abort the generations as soon as the client disconnects."""
+    waiting = asyncio.ensure_future(generation.wait())
+    try:
+        while not waiting.done():
+            await asyncio.wait({waiting}, timeout=DISCONNECT_POLL)
+            if not waiting.done() and await request.is_disconnected():
+                generation.abort()
+                waiting.cancel()
+                raise APIError(499, "client disconnected")
+        return waiting.result()
+    finally:
+        if not waiting.done():
+            waiting.cancel()
+            generation.abort()
+
+
+def _stream(service: Service, generation: Generation, chunks: AsyncIterator[str]) -> StreamingResponse:
+    """Server-sent events; ends with [DONE]; a failure becomes an error event; a departed client aborts."""
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+            yield SSE_DONE
+        except APIError as exc:
+            yield sse(error_body(exc.status, exc.message, exc.param, exc.code))
+            yield SSE_DONE
+        except Exception as exc:  # a fault after the 200 went out: the client still gets an error event
+            yield sse(internal_error_body(exc))
+            yield SSE_DONE
+
+    def close() -> None:
+        service.live.discard(generation)
+        if not generation.is_finished:
+            generation.abort()
+
+    return _EventStream(events(), close)
+
+
+class _EventStream(StreamingResponse):
+    """A stream that runs ``on_close`` however it ends, even when the client leaves before the first event."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()

@@ -1,0 +1,80 @@
+"""From a request body to what the backend is given: the prompts and the engine's parameters.
+
+These run on a worker thread (see :class:`~hetero_core.server.generation.Generation`):
+tokenizing a long prompt or rendering a chat template never blocks the
+event loop, and a chat prompt is encoded once, both to size the default
+``max_tokens`` and to submit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from hetero_core.config import EngineConfig
+from hetero_core.params import GenerationParams
+from hetero_core.server.errors import APIError
+from hetero_core.server.generation import Input, Prepare
+from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
+
+CHAT_DEFAULT_MAX_TOKENS = 1024  # when the body names no limit: this, or what the context has left
+
+
+def completion_inputs(body: CompletionRequest, backend: Any, config: EngineConfig) -> Prepare:
+    def prepare() -> tuple[list[Input], GenerationParams]:
+        inputs = [(prompt, None) for prompt in _prompts(body.prompt)]
+        if len(inputs) > config.max_waiting_requests:  # it could never be queued whole
+            raise APIError(
+                400, f"{len(inputs)} prompts exceed max_waiting_requests ({config.max_waiting_requests}) of this server", param="prompt"
+            )
+        params = body.params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
+        _check_request_size(len(inputs), params, backend, config)
+        return inputs, params
+
+    return prepare
+
+
+def chat_inputs(body: ChatCompletionRequest, backend: Any, config: EngineConfig) -> Prepare:
+    def prepare() -> tuple[list[Input], GenerationParams]:
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+        if body.max_completion_tokens is not None and body.max_completion_tokens < 1:
+            raise APIError(400, f"max_completion_tokens must be at least 1, got {body.max_completion_tokens}", param="max_completion_tokens")
+        messages = [message.to_template() for message in body.messages]
+        prompt: Sequence[int] | None = None
+        context_left = CHAT_DEFAULT_MAX_TOKENS
+        if backend.tokenizer is not None and backend.engine is not None:  # encode once, here
+            text = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            prompt = backend.tokenizer.encode(text, add_special_tokens=False)
+            context_left = backend.engine.max_model_len - len(prompt)
+        max_tokens = body.requested_max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, context_left))
+        params = body.params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+        _check_request_size(1, params, backend, config)
+        return [(prompt, None) if prompt is not None else (None, messages)], params
+
+    return prepare
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """OpenAI's prompt forms: a string, strings, token ids, or lists of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt must not be empty", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt)
+
+
+def _check_request_size(num_inputs: int, params: GenerationParams, backend: Any, config: EngineConfig) -> None:
+    limit = config.server.max_choices_per_request
+    if num_inputs * params.n > limit:
+        raise APIError(
+            400, f"{num_inputs} prompts x n={params.n} make {num_inputs * params.n} choices, over server.max_choices_per_request ({limit})", param="n"
+        )
+    tokenizer = backend.tokenizer
+    if tokenizer is not None:
+        bad = [t for t in params.stop_token_ids if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise APIError(400, f"stop_token_ids must be in [0, {tokenizer.vocab_size}), got {bad[0]}", param="stop_token_ids")

@@ -1,0 +1,80 @@
+"""The endpoints that generate nothing: health, readiness, metrics, the model list, tokenize and detokenize.
+
+``/healthz`` and ``/readyz`` are unauthenticated, so they say only
+whether the server is alive and ready; why a backend is not ready is in
+the log, never on these endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hetero_core.server.errors import APIError
+from hetero_core.server.schemas import DetokenizeRequest, TokenizeRequest
+from hetero_core.server.service import Service
+
+
+def add_routes(app: FastAPI, service: Service) -> None:
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        backend = service.backend
+        if backend.is_ready:
+            return JSONResponse({"status": "ready"})
+        detail = "the model is loading" if backend.error is None else "the backend is out of service"
+        return JSONResponse({"status": "not ready", "detail": detail}, status_code=503)
+
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):  # load balancers probe with HEAD too
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0, "owned_by": "hetero-infer"}]}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        tokenizer = _tokenizer(service.ready_backend(body.model))
+        if body.messages is not None:
+            messages = [m.to_template() for m in body.messages]
+
+            def encode() -> list[int]:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+                return tokenizer.encode(text, add_special_tokens=False)
+
+        elif body.prompt is not None:
+            prompt = body.prompt
+
+            def encode() -> list[int]:
+                return tokenizer.encode(prompt, add_special_tokens=body.add_special_tokens)
+
+        else:
+            raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
+        tokens = await asyncio.to_thread(encode)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": service.backend.engine.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        tokenizer = _tokenizer(service.ready_backend(body.model))
+        bad = [t for t in body.tokens if not 0 <= t < tokenizer.vocab_size]
+        if bad:
+            raise APIError(400, f"token ids must be in [0, {tokenizer.vocab_size}), got {bad[0]}", param="tokens")
+        text = await asyncio.to_thread(tokenizer.decode, body.tokens, skip_special_tokens=False)
+        return {"prompt": text}
+
+
+def _tokenizer(backend: Any) -> Any:
+    if backend.tokenizer is None:
+        raise APIError(400, "this backend has no tokenizer")
+    return backend.tokenizer

@@ -1,0 +1,84 @@
+"""The command_bridge backend: a program per request, a minimal environment, every failure a 502 with its reason."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from .conftest import RunningServer, mock_server_config
+
+BRIDGE = Path(__file__).resolve().parents[2] / "contrib" / "command-bridge" / "echo_bridge.py"
+
+
+def test_command_bridge() -> None:
+    config = mock_server_config(
+        server={"backend": "command_bridge", "command": [sys.executable, str(BRIDGE)], "command_timeout": 2, "command_concurrency": 2}
+    )
+    with RunningServer(config) as server:
+        response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ping", "max_tokens": 5, "temperature": 0.5})
+        assert response.status_code == 200
+        assert response.json()["choices"][0]["text"] == "echo: ping (max_tokens=5, temperature=0.5, top_p=1.0)"
+        failing = httpx.post(f"{server.url}/v1/completions", json={"prompt": "FAIL"})
+        assert failing.status_code == 502 and "exited with status 3" in failing.json()["error"]["message"]
+        slow = httpx.post(f"{server.url}/v1/completions", json={"prompt": "SLEEP"}, timeout=10)
+        assert slow.status_code == 502 and "timed out" in slow.json()["error"]["message"]
+
+
+def test_command_bridge_without_its_program_answers_502() -> None:
+    config = mock_server_config(server={"backend": "command_bridge", "command": ["/nonexistent/bridge-program"]})
+    with RunningServer(config) as server:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 502
+        assert "cannot run '/nonexistent/bridge-program'" in response.json()["error"]["message"]
+
+
+def test_command_bridge_runs_at_most_command_concurrency_programs() -> None:
+    config = mock_server_config(
+        server={"backend": "command_bridge", "command": [sys.executable, str(BRIDGE)], "command_timeout": 1.5, "command_concurrency": 1}
+    )
+    with RunningServer(config) as server:
+
+        async def run():
+            async with httpx.AsyncClient(timeout=30) as client:
+                hanging = asyncio.create_task(client.post(f"{server.url}/v1/completions", json={"prompt": "SLEEP"}))
+                await asyncio.sleep(0.5)  # the hanging program holds the only slot
+                started = time.monotonic()
+                quick = await client.post(f"{server.url}/v1/completions", json={"prompt": "ping"})
+                return await hanging, quick, time.monotonic() - started
+
+        hanging, quick, waited = asyncio.run(run())
+        assert hanging.status_code == 502 and quick.status_code == 200
+        assert waited >= 0.9  # it ran only once the hanging program was killed at its timeout
+
+
+def test_a_nul_in_the_prompt_is_a_502_with_the_reason() -> None:
+    config = mock_server_config(server={"backend": "command_bridge", "command": [sys.executable, str(BRIDGE)], "command_timeout": 5})
+    with RunningServer(config) as server:
+        response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "a\u0000b"}, timeout=10)
+        assert response.status_code == 502 and "NUL character" in response.json()["error"]["message"]
+        chat = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "\u0000"}]}, timeout=10)
+        assert chat.status_code == 502
+        surrogate = httpx.post(
+            f"{server.url}/v1/completions", content=json.dumps({"prompt": "\ud800"}), headers={"content-type": "application/json"}, timeout=10
+        )
+        assert surrogate.status_code == 400
+        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "ping"}, timeout=10).status_code == 200
+
+
+def test_the_program_gets_a_minimal_environment_and_a_string_command_is_split_like_a_shell(monkeypatch) -> None:
+    monkeypatch.setenv("HETERO_API_KEY", "sekret")
+    monkeypatch.setenv("SOME_DATABASE_PASSWORD", "hunter2")
+    command = shlex.join([sys.executable, str(BRIDGE)])
+    config = mock_server_config(server={"backend": "command_bridge", "command": command, "command_timeout": 5})
+    assert config.server.command == (sys.executable, str(BRIDGE))
+    with RunningServer(config) as server:
+        response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ENV"}, headers={"authorization": "Bearer sekret"}, timeout=10)
+        names = set(response.json()["choices"][0]["text"].split())
+    assert "HETERO_PROMPT" in names and "PATH" in names
+    assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "HETERO_PROMPT", "HETERO_MAX_TOKENS", "HETERO_TEMPERATURE", "HETERO_TOP_P"}
