@@ -72,6 +72,8 @@ def install_error_handlers(app: FastAPI) -> None:
             return respond(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
         location = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(p)]
         message = first.get("msg", "invalid request body")
+        if first.get("type") == "extra_forbidden":
+            message = "this server does not support this field"
         return respond(400, f"{'.'.join(location) + ': ' if location else ''}{message}", param=location[0] if location else None)
 
     @app.exception_handler(HTTPException)

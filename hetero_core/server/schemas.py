@@ -1,7 +1,8 @@
 """OpenAI request bodies, as pydantic models (they also make the server's OpenAPI schema).
 
-Unknown fields are ignored, as OpenAI-compatible servers do. Known fields
-are strict: ``true`` is not a token id, ``"yes"`` is not a boolean, and
+A field the server does not implement is refused with a 400 naming it
+(``tools``, ``suffix``, ``functions``, ...), never ignored: a client must not
+get a 200 that quietly dropped what it asked for. Known fields are strict: ``true`` is not a token id, ``"yes"`` is not a boolean, and
 ``1.5`` is not an integer; non-finite numbers and strings holding lone
 surrogates (which no response could encode) are refused. Ranges are
 checked by :class:`GenerationParams`, whose errors name the field.
@@ -14,8 +15,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator
 
 from hetero_core.params import GenerationParams
+from hetero_core.server.constraints import ConstraintFields
+from hetero_core.server.errors import APIError
 
-STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 ROLES = ("system", "developer", "user", "assistant")  # developer is OpenAI's newer name for system
 
 
@@ -49,7 +52,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(ConstraintFields):
     """What completions and chat completions share."""
 
     model_config = STRICT
@@ -75,6 +78,8 @@ class SamplingFields(BaseModel):
 
     def params(self, max_tokens: int, logprobs: int | None) -> GenerationParams:
         """The engine's parameters (OpenAI's defaults where a field is absent)."""
+        if self.stream_options is not None and not self.stream:
+            raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options")
         values: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": 1.0 if self.temperature is None else self.temperature,
@@ -92,6 +97,8 @@ class SamplingFields(BaseModel):
             "min_tokens": self.min_tokens,
             "logprobs": logprobs,
             "priority": self.priority,
+            "structured_output": self.structured_output(),
+            "logit_bias": self.token_bias(),
         }
         return GenerationParams(**values)
 

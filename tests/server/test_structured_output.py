@@ -1,0 +1,89 @@
+"""Structured output and logit_bias over HTTP: the official openai client against the real model, and every refusal."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import openai
+import pydantic
+import pytest
+
+CITY = [{"role": "user", "content": "Describe Paris as JSON: its name, its country and whether it is a capital."}]
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: str
+    is_capital: bool
+
+
+@pytest.fixture(scope="module")
+def client(model_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{model_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_parse_with_a_pydantic_model(client) -> None:
+    completion = client.beta.chat.completions.parse(model="smollm2", messages=CITY, response_format=City, max_tokens=80, temperature=0)
+    city = completion.choices[0].message.parsed
+    assert isinstance(city, City) and completion.choices[0].finish_reason == "stop"
+
+
+def test_json_object_streams_one_object(client) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2", messages=CITY, response_format={"type": "json_object"}, max_tokens=120, temperature=0, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert isinstance(json.loads(text), dict)
+
+
+def test_vllm_structured_outputs_on_both_endpoints(client) -> None:
+    phone = client.completions.create(
+        model="smollm2", prompt="My phone number is", max_tokens=16, temperature=1.0, n=3, seed=4,
+        extra_body={"structured_outputs": {"regex": r"\d{3}-\d{4}"}},
+    )
+    assert all(re.fullmatch(r"\d{3}-\d{4}", choice.text) for choice in phone.choices)
+    answer = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=8,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
+    assert answer.choices[0].message.content in ("yes", "no")
+
+
+def test_logit_bias_of_minus_100_removes_the_greedy_token(client, model_server) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    plain = client.chat.completions.create(model="smollm2", messages=question, max_tokens=12, temperature=0)
+    assert "Paris" in plain.choices[0].message.content
+    tokenizer = model_server.engine.tokenizer
+    paris = {str(tokenizer.encode(word, add_special_tokens=False)[0]): -100 for word in (" Paris", "Paris")}
+    biased = client.chat.completions.create(model="smollm2", messages=question, max_tokens=12, temperature=0, logit_bias=paris)
+    assert "Paris" not in biased.choices[0].message.content
+
+
+REFUSED = [
+    ("/v1/completions", {"suffix": "!"}, "suffix"),
+    ("/v1/completions", {"best_of": 2}, "best_of"),
+    ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
+    ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
+    ("/v1/completions", {"structured_outputs": {"regex": "a+", "choice": ["a"]}}, "structured_outputs"),
+    ("/v1/completions", {"structured_outputs": {"regex": "a("}}, "structured_output"),
+    ("/v1/completions", {"guided_json": {"type": "no-such-type"}}, "structured_output"),
+    ("/v1/completions", {"logit_bias": {"the": 1}}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
+]
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), REFUSED, ids=[f"{p.rsplit('/', 1)[1]}-{param}" for p, _, param in REFUSED])
+def test_unsupported_or_invalid_fields_are_400s_naming_them(mock_server, path, fields, param) -> None:
+    body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    response = httpx.post(f"{mock_server.url}{path}", json={**body, "max_tokens": 2, **fields}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param, response.json()
