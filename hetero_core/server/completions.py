@@ -9,6 +9,7 @@ streams server-sent events that end with ``[DONE]``; a failure after the
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any, AsyncIterator, Callable
 
@@ -39,32 +40,33 @@ def add_generation_routes(app: FastAPI, service: Service) -> None:
 
 async def _generate(service: Service, request: Request, body: Any, format_class: type, prepare: Prepare, id_prefix: str) -> Any:
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
+    created = int(time.time())
     generation = Generation(service.backend, service.metrics, request_id)
     await generation.start(prepare)
     shape = format_class(body, service.backend.tokenizer, generation)
     service.live.add(generation)
     if body.stream:
-        return _stream(service, generation, _chunks(service, generation, shape, body.include_usage))
+        return _stream(service, generation, _chunks(service, generation, shape, body.include_usage, created))
     try:
         choices = await _wait(generation, request)
     finally:
         service.live.discard(generation)
     _raise_if_failed(choices)
     payload = [shape.whole(choice) for choice in choices]
-    return envelope(shape.response_object, request_id, service.model_name, payload, generation.usage())
+    return envelope(shape.response_object, request_id, created, service.model_name, payload, generation.usage())
 
 
-async def _chunks(service: Service, generation: Generation, shape: Any, include_usage: bool) -> AsyncIterator[str]:
+async def _chunks(service: Service, generation: Generation, shape: Any, include_usage: bool, created: int) -> AsyncIterator[str]:
     model, request_id = service.model_name, generation.request_id
     for opening in shape.opening():
-        yield sse(envelope(shape.chunk_object, request_id, model, [opening]))
+        yield sse(envelope(shape.chunk_object, request_id, created, model, [opening]))
     async for choice, delta in generation.deltas():
         _raise_if_failed([choice])
         payload = shape.chunk(choice, delta)
         if payload is not None:
-            yield sse(envelope(shape.chunk_object, request_id, model, [payload]))
+            yield sse(envelope(shape.chunk_object, request_id, created, model, [payload]))
     if include_usage:
-        yield sse(envelope(shape.chunk_object, request_id, model, [], generation.usage()))
+        yield sse(envelope(shape.chunk_object, request_id, created, model, [], generation.usage()))
 
 
 def _raise_if_failed(choices: list[Choice]) -> None:

@@ -25,6 +25,7 @@ TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     404: "not_found_error",
+    405: "invalid_request_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
     502: "upstream_error",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from typing import Any
 
 from hetero_core.batch import TokenLogprobs
@@ -39,8 +38,9 @@ def finish_reason(choice: Choice) -> str | None:
     return None if choice.finish_reason is None else choice.finish_reason.value
 
 
-def envelope(kind: str, request_id: str, model: str, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": request_id, "object": kind, "created": int(time.time()), "model": model, "choices": choices}
+def envelope(kind: str, request_id: str, created: int, model: str, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
+    """A response or stream chunk; every chunk of one stream carries the same ``id`` and ``created``."""
+    body: dict[str, Any] = {"id": request_id, "object": kind, "created": created, "model": model, "choices": choices}
     if usage is not None or kind in ("text_completion", "chat.completion"):
         body["usage"] = usage
     return body

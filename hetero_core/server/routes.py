@@ -39,9 +39,22 @@ def add_routes(app: FastAPI, service: Service) -> None:
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict[str, Any]:
+        card: dict[str, Any] = {"id": service.model_name, "object": "model", "created": service.started, "owned_by": "hetero-infer"}
+        engine = getattr(service.backend, "engine", None)
+        if engine is not None:
+            card["max_model_len"] = engine.max_model_len
+        return card
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": service.model_name, "object": "model", "created": 0, "owned_by": "hetero-infer"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != service.model_name:
+            raise APIError(404, f"model {model_id!r} does not exist; this server serves {service.model_name!r}", param="model", code="model_not_found")
+        return model_card()
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:

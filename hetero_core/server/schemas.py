@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator, field_validator
 
 from hetero_core.params import GenerationParams
 from hetero_core.server.constraints import ConstraintFields
@@ -126,6 +126,15 @@ class ChatMessage(BaseModel):
 
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: Text | list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind is not None and kind != "text":
+                raise ValueError(f"{kind} content parts are not supported: this model reads text only")
+        return content
 
     def to_template(self) -> dict[str, str]:
         """The message as the chat template takes it (``developer`` is rendered as ``system``)."""

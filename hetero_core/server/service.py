@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import attrs
@@ -19,6 +20,7 @@ class Service:
     model_name: str
     metrics: ServerMetrics
     live: set[Generation] = attrs.field(factory=set)  # generations whose client is still waiting
+    started: int = attrs.field(factory=lambda: int(time.time()))  # the model cards' ``created``
 
     def ready_backend(self, requested_model: str | None) -> Any:
         """The backend, if it serves ``requested_model`` and can take a request now; else the APIError saying why."""

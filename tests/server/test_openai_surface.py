@@ -1,4 +1,4 @@
-"""Structured output and logit_bias over HTTP: the official openai client against the real model, and every refusal."""
+"""The OpenAI surface: structured output and logit_bias with the official client on the real model, refusals, model cards."""
 
 from __future__ import annotations
 
@@ -87,3 +87,31 @@ def test_unsupported_or_invalid_fields_are_400s_naming_them(mock_server, path, f
     response = httpx.post(f"{mock_server.url}{path}", json={**body, "max_tokens": 2, **fields}, timeout=30)
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param, response.json()
+
+
+def test_models_carry_the_context_length_and_can_be_fetched_by_id(mock_server) -> None:
+    listed = httpx.get(f"{mock_server.url}/v1/models", timeout=30).json()["data"]
+    (card,) = listed
+    assert card["max_model_len"] == mock_server.engine.max_model_len
+    assert httpx.get(f"{mock_server.url}/v1/models/{card['id']}", timeout=30).json() == card
+    missing = httpx.get(f"{mock_server.url}/v1/models/other", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_stream_keeps_one_created_time(mock_server) -> None:
+    body = {"prompt": "x", "max_tokens": 30, "stream": True}
+    with httpx.stream("POST", f"{mock_server.url}/v1/completions", json=body, timeout=30) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert len(events) > 2 and len({event["created"] for event in events}) == 1
+
+
+def test_a_wrong_method_is_a_typed_405(mock_server) -> None:
+    response = httpx.get(f"{mock_server.url}/v1/completions", timeout=30)
+    assert response.status_code == 405 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_image_part_is_a_clear_400(mock_server) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}], "max_tokens": 2}
+    response = httpx.post(f"{mock_server.url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and "image_url content parts are not supported" in response.json()["error"]["message"]
