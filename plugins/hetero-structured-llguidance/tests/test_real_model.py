@@ -18,7 +18,7 @@ from .test_json_schemas import SCHEMAS
 
 
 def closed(schema):
-    """``schema`` with every object closed and every integer bounded.
+    """``schema`` with every object closed, every integer bounded and every number at most three decimals.
 
     A 135M model otherwise invents keys, or digits, without end: valid so far,
     but never finished within ``max_tokens``.
@@ -29,6 +29,8 @@ def closed(schema):
             schema.setdefault("additionalProperties", False)
         if schema.get("type") == "integer" and "maximum" not in schema and "exclusiveMaximum" not in schema:
             schema["maximum"] = 10**6
+        if schema.get("type") == "number":
+            schema.setdefault("multipleOf", 0.001)
     elif isinstance(schema, list):
         schema = [closed(value) for value in schema]
     return schema
@@ -85,11 +87,12 @@ def test_any_json_object_regex_and_choice(engine) -> None:
 
 
 def test_constraints_hold_when_the_pool_preempts() -> None:
-    engine = InferenceEngine(EngineConfig(max_num_blocks=24, block_size=16))
+    """Three samples outgrow a 24-block pool of 4-token blocks: samples are preempted and recomputed mid-structure."""
+    engine = InferenceEngine(EngineConfig(max_num_blocks=24, block_size=4))
     try:
         schema = STRICT_SCHEMAS["nested objects"]
-        params = GenerationParams(max_tokens=120, temperature=0.8, n=3, seed=5, structured_output=StructuredOutput.json_schema(schema))
-        (record,) = run_all(engine, [(ask(json.dumps(schema)), params)])
+        params = GenerationParams(max_tokens=60, temperature=0.8, n=3, seed=5, structured_output=StructuredOutput.json_schema(schema))
+        (record,) = run_all(engine, [([{"role": "user", "content": "Describe a user as JSON."}], params)])
         assert engine.metrics.num_preemptions > 0
         for output in record.outputs:
             jsonschema.validate(json.loads(output.text), schema)
