@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
 from hetero_executor_torch.model_config import ModelConfig
+from hetero_executor_torch.quantized import GroupQuantized, Linear, Weight, as_dense, make_linear
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -32,21 +33,21 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 class Layer:
     """One decoder layer's weights (q/k/v and gate/up fused for fewer, larger matmuls)."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str, config: ModelConfig) -> None:
-        def take(name: str) -> torch.Tensor:
+    def __init__(self, weights: dict[str, Weight], prefix: str, config: ModelConfig, linear: Callable[[list[Weight], torch.Tensor | None], Linear]) -> None:
+        def take(name: str) -> Weight:
             return weights.pop(f"{prefix}.{name}")
 
         self.input_norm = take("input_layernorm.weight")
         self.post_norm = take("post_attention_layernorm.weight")
-        self.qkv = torch.cat([take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")])
-        self.qkv_bias = (
+        qkv_bias = (
             torch.cat([take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias")])
             if config.attention_bias
             else None
         )
-        self.o_proj = take("self_attn.o_proj.weight")
-        self.gate_up = torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")])
-        self.down = take("mlp.down_proj.weight")
+        self.qkv = linear([take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")], qkv_bias)
+        self.o_proj = linear([take("self_attn.o_proj.weight")], None)
+        self.gate_up = linear([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")], None)
+        self.down = linear([take("mlp.down_proj.weight")], None)
 
 
 class LlamaModel:
@@ -55,22 +56,37 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        tensors: Iterator[tuple[str, torch.Tensor]],
+        tensors: Iterator[tuple[str, Weight]],
         dtype: torch.dtype,
         device: torch.device,
         attention: Callable[..., torch.Tensor] = paged_attention,
+        weight_format: str = "dense",
     ) -> None:
         self.config = config
         self.attention = attention
         self.dtype = dtype
         self.device = device
-        weights = {name: tensor.to(device=device, dtype=dtype) for name, tensor in tensors}
+        weights = dict(tensors)
+        packed = any(isinstance(t, GroupQuantized) for t in weights.values())
+        # auto: the file's 4-bit linears stay packed, other weights dense; the head goes int8 beside packed linears
+        table_format = "dense" if weight_format == "dense" or (weight_format == "auto" and not packed) else "int8"
+        self.weight_format = weight_format
+
+        def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format) -> Linear:
+            weight = GroupQuantized.cat(parts) if all(isinstance(p, GroupQuantized) for p in parts) else torch.cat([as_dense(p) for p in parts])
+            return make_linear(weight, None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device)
+
         try:
-            self.embed = weights.pop("model.embed_tokens.weight")
-            self.norm = weights.pop("model.norm.weight")
+            embed = weights.pop("model.embed_tokens.weight")
+            self.norm = weights.pop("model.norm.weight").to(device=device, dtype=dtype)
             head = weights.pop("lm_head.weight", None)
-            self.lm_head = self.embed if config.tie_word_embeddings or head is None else head
-            self.layers = [Layer(weights, f"model.layers.{i}", config) for i in range(config.num_layers)]
+            tied = config.tie_word_embeddings or head is None
+            self.lm_head = linear([embed if tied else head], None, table_format)
+            self.embedding = self.lm_head if tied else linear([embed], None, table_format)
+            self.layers = [Layer(weights, f"model.layers.{i}", config, linear) for i in range(config.num_layers)]
+            for layer in self.layers:
+                layer.input_norm = layer.input_norm.to(device=device, dtype=dtype)
+                layer.post_norm = layer.post_norm.to(device=device, dtype=dtype)
         except KeyError as exc:
             raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
         self.q_size = config.num_heads * config.head_size
@@ -107,7 +123,7 @@ class LlamaModel:
 
     def logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
         """The head's float32 logits for final hidden states that have been through the last norm."""
-        return F.linear(normed_hidden, self.lm_head).float()
+        return self.lm_head(normed_hidden).float()
 
     def hidden_states(
         self,
@@ -119,19 +135,19 @@ class LlamaModel:
         """The residual stream after the last layer, [T, hidden], before the final norm."""
         config = self.config
         cos, sin = self.rope_tables(positions)
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = self.embedding.embed(input_ids)
         num_tokens = hidden.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = self.rms_norm(hidden, layer.input_norm)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             # q and k heads side by side, rotated in one go
             qk = self.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, config.head_size), cos, sin)
             q, k = qk[:, : config.num_heads], qk[:, config.num_heads :]
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, config.num_kv_heads, config.head_size)
             write_kv(k_cache, v_cache, k, v, attention.slot_mapping)
             attended = self.attention(q, k, v, k_cache, v_cache, attention, self.scale)
-            hidden = hidden + F.linear(attended.reshape(num_tokens, self.q_size), layer.o_proj)
+            hidden = hidden + layer.o_proj(attended.reshape(num_tokens, self.q_size))
             x = self.rms_norm(hidden, layer.post_norm)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            hidden = hidden + layer.down(F.silu(gate) * up)
         return hidden
