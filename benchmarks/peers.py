@@ -18,10 +18,12 @@ PAD = 2
 
 
 def load_transformers(path, dtype: torch.dtype):
+    """Dense weights in ``dtype`` (transformers 5 would otherwise keep a GGUF's blocks packed and compute in float32)."""
     import transformers
 
     if path.is_file():
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        dense = transformers.GgufConfig(dequantize=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype, quantization_config=dense)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.eval()

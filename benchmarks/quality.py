@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
+    parser.add_argument("--paths", default="batch-1,batched", help="which of the engine's paths to measure")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -109,20 +110,23 @@ def main() -> None:
         references = [whole_pass(engine.executor, p + a)[len(p) - 1 : -1] for p, a in samples]
     engine.close()
     print(f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:")
-    for name in args.configs.split(","):
+    for name in filter(None, args.configs.split(",")):
         executor = TorchExecutor(config, **CONFIGS[name])
         executor.initialize_cache(1024 // BLOCK, BLOCK)
         with torch.inference_mode():
-            started = time.monotonic()
-            report(f"hetero {name} batch-1", [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
-            started = time.monotonic()
-            report(f"hetero {name} batched", [compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+            if "batch-1" in args.paths:
+                started = time.monotonic()
+                report(f"hetero {name} batch-1", [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+            if "batched" in args.paths:
+                started = time.monotonic()
+                report(f"hetero {name} batched", [compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
         executor.close()
     if not args.no_transformers:
         import transformers
 
         for dtype in (torch.bfloat16, torch.float32):
-            hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype).eval()
+            dense = transformers.GgufConfig(dequantize=True)
+            hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense).eval()
             started = time.monotonic()
             with torch.inference_mode():
                 parts = [compare(hf(torch.tensor([p + a])).logits[0, len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)]

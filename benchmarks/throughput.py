@@ -57,11 +57,12 @@ def memory_bandwidth_gbs() -> float:
 
 
 def weight_bytes(model) -> int:
-    """Bytes a decode step reads: every linear layer's tensors and the head's."""
+    """Bytes a batch-1 decode step reads: every linear layer's (packed ones: the packed tensors) and the head's."""
     import torch
 
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    return sum(t.nbytes for linear in linears for t in vars(linear).values() if isinstance(t, torch.Tensor))
+    held = [vars(getattr(linear, "packed", linear)).values() for linear in linears]
+    return sum(t.nbytes for tensors in held for t in tensors if isinstance(t, torch.Tensor))
 
 
 def run_hetero(options: dict, requests: list[Request], sequential: bool, args: argparse.Namespace) -> dict:
@@ -185,7 +186,7 @@ def describe(peer: str, r: dict) -> str:
     if "engine_ms_per_step" in r:
         line += (
             f"\n  {'':18s} [{r['config']}; engine loop {r['engine_ms_per_step']:.2f} ms/step over {r['steps']} steps; load {r['load_seconds']:.1f} s; "
-            f"decode reads {r['weights_mb']:.0f} MiB of weights per step, memory reads at {r['bandwidth_gbs']:.1f} GB/s]"
+            f"a batch-1 decode reads {r['weights_mb']:.0f} MiB of weights, memory reads at {r['bandwidth_gbs']:.1f} GB/s]"
         )
     return line
 

@@ -86,8 +86,8 @@ class TorchExecutor:
         kernel, which reads the paged cache in place; prefill chunks take the
         torch path; the KV cache is then float32).
     :param weights: how linear weights are held: ``auto`` (on the CPU in
-        bf16, a GGUF's Q4_0/Q4_1 linears stay packed int4 and the embedding /
-        head go int8; otherwise dense), ``dense`` (the compute dtype),
+        bf16, a GGUF's Q4_0/Q4_1 linears stay packed int4, everything else
+        dense; otherwise dense), ``dense`` (the compute dtype),
         ``int8`` (per-channel) or ``int4`` (groups of 32): weight-only
         quantization on the CPU, for any checkpoint.
     :param decode_graphs: replay decode-only steps from captured graphs

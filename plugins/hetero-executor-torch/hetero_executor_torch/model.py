@@ -67,9 +67,9 @@ class LlamaModel:
         self.dtype = dtype
         self.device = device
         weights = dict(tensors)
-        packed = any(isinstance(t, GroupQuantized) for t in weights.values())
-        # auto: the file's 4-bit linears stay packed, other weights dense; the head goes int8 beside packed linears
-        table_format = "dense" if weight_format == "dense" or (weight_format == "auto" and not packed) else "int8"
+        # auto keeps what the file holds exactly: its 4-bit linears packed, the rest dense (a Q8_0 head has
+        # one scale per 32 weights; torch's int8 kernel takes one per row, which cost top-1 agreement)
+        table_format = "int8" if weight_format in ("int8", "int4") else "dense"
         self.weight_format = weight_format
 
         def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format) -> Linear:
