@@ -1,199 +1,258 @@
-"""Offline throughput of the engine on the standard workload, optionally against transformers.
+"""Offline throughput of the engine against its peers, workload by workload, each run in its own process.
 
-    python benchmarks/throughput.py [--compare-hf] [--dtype auto|float32|bfloat16] [--num-requests 32]
-        [--executor torch|numba-cuda] [--decode-graphs auto|true|false]
+    python benchmarks/throughput.py [--compare-hf] [--workloads standard,sequential,mixed]
+        [--peers hetero,hetero-dense,...] [--dtype auto] [--weights auto] [--repeats 1]
 
-Standard workload: 32 requests of seeded random token ids, prompt lengths
-spread evenly over 16..256, exactly 64 greedy new tokens each (EOS ignored),
-2 threads. Prints end-to-end, prefill and decode tokens/s, time to first token,
-time per output token and peak memory; with --compare-hf it runs transformers'
-batched ``generate`` on the same weights and prompts and prints the ratios.
+Workloads (``workload.py``): ``standard`` (32 prompts of 16..256 tokens, 64
+greedy new tokens each, all at once), ``sequential`` (the same, one request
+at a time: batch-1 decode and time to first token) and ``mixed`` (256
+requests, prompts 16..512, outputs 16..256, all at once). EOS is ignored.
+
+Peers (``--peers``, or ``--compare-hf`` for all of them): ``hetero`` (the
+engine as configured by --dtype/--weights/--attention), ``hetero-dense``
+(bf16 dense weights), ``hetero-fp32``, ``transformers-bf16``,
+``transformers-fp32`` (batched ``generate``, left padding, padded batches of
+32 in submission order, each until its longest output) and ``llama-cpp``
+(llama-cpp-python on the same GGUF when installed; sequential workload only).
+Each (workload, peer) runs in a fresh process, so its peak RSS is its own;
+peers alternate within a workload, and ``--repeats`` runs the whole round
+again, so ratios come from neighbouring runs on a shared machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-from workload import percentile, standard_prompts  # noqa: E402
+from workload import WORKLOADS, Request, percentile, workload  # noqa: E402
 
-from hetero_core import EngineConfig, GenerationParams, hookimpl  # noqa: E402
-from hetero_core.engine import InferenceEngine  # noqa: E402
-from hetero_core.model_source import resolve_model_path  # noqa: E402
-from hetero_core.plugins import create_plugin_manager  # noqa: E402
-
-
-class StepRecorder:
-    """Collects every step's statistics through the observer hook."""
-
-    def __init__(self) -> None:
-        self.steps: list = []
-
-    @hookimpl
-    def on_step_finished(self, engine, stats) -> None:
-        self.steps.append(stats)
+HETERO_PEERS = {"hetero": {}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"}, "hetero-fp32": {"dtype": "float32", "weights": "dense"}}
+PEERS = (*HETERO_PEERS, "transformers-bf16", "transformers-fp32", "llama-cpp")
+MARK = "RESULT "
 
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def build_engine(args: argparse.Namespace, recorder: StepRecorder) -> InferenceEngine:
+# ---------------------------------------------------------------------------------------- the engine
+
+
+def memory_bandwidth_gbs() -> float:
+    """Read bandwidth of a sum over 256 MiB (what streaming weights at batch 1 is bound by)."""
+    import torch
+
+    data = torch.ones(64 * 2**20)
+    data.sum()
+    started = time.monotonic()
+    for _ in range(5):
+        data.sum()
+    return 5 * data.numel() * 4 / (time.monotonic() - started) / 1e9
+
+
+def weight_bytes(model) -> int:
+    """Bytes a batch-1 decode step reads: every linear layer's (packed ones: the packed tensors) and the head's."""
+    import torch
+
+    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
+    held = [vars(getattr(linear, "packed", linear)).values() for linear in linears]
+    return sum(t.nbytes for tensors in held for t in tensors if isinstance(t, torch.Tensor))
+
+
+def run_hetero(options: dict, requests: list[Request], sequential: bool, args: argparse.Namespace) -> dict:
+    from hetero_core import EngineConfig, GenerationParams, hookimpl
+    from hetero_core.engine import InferenceEngine
+    from hetero_core.plugins import create_plugin_manager
+
+    class StepRecorder:
+        def __init__(self) -> None:
+            self.steps: list = []
+
+        @hookimpl
+        def on_step_finished(self, engine, stats) -> None:
+            self.steps.append(stats)
+
+    recorder = StepRecorder()
     pm = create_plugin_manager()
     pm.register(recorder, name="step-recorder")
+    executor = {"name": "torch", "dtype": args.dtype, "weights": args.weights, "num_threads": args.threads, **options}
+    if args.attention:
+        executor["attention"] = args.attention
     config = EngineConfig(
-        model=args.model,
-        executor={
-            "name": args.executor,
-            "dtype": args.dtype,
-            "num_threads": args.threads,
-            **({"attention": args.attention} if args.attention else {}),
-            **({"decode_graphs": args.decode_graphs == "true"} if args.decode_graphs != "auto" else {}),
-        },
-        max_num_seqs=args.num_requests,
-        max_batch_size=args.num_requests,
-        max_total_tokens=args.max_total_tokens,
-        max_model_len=1024,
+        model=args.model, executor=executor, max_num_seqs=args.max_num_seqs, max_batch_size=args.max_num_seqs,
+        max_total_tokens=args.max_total_tokens, max_model_len=1024,
     )
-    return InferenceEngine(config, plugin_manager=pm)
+    load_started = time.monotonic()
+    engine = InferenceEngine(config, plugin_manager=pm)
+    load_seconds = time.monotonic() - load_started
+    model = engine.executor.model
+    execute = engine.executor.execute
+    execute_seconds = [0.0]
 
+    def timed_execute(batch):
+        started = time.monotonic()
+        try:
+            return execute(batch)
+        finally:
+            execute_seconds[0] += time.monotonic() - started
 
-def run_engine(engine: InferenceEngine, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
-    params = GenerationParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    engine.executor.execute = timed_execute
+    warm = GenerationParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    engine.generate([r.prompt for r in requests[: args.max_num_seqs]], warm)  # a first pass at full size
+    engine.allocator.reset_prefix_cache()
+    recorder.steps.clear()
+    execute_seconds[0] = 0.0
+
+    def params(request: Request) -> GenerationParams:
+        return GenerationParams(temperature=0.0, max_tokens=request.new_tokens, ignore_eos=True)
+
     started = time.monotonic()
-    records = engine.generate(prompts, params)
+    if sequential:
+        records = [engine.generate([r.prompt], params(r))[0] for r in requests]
+    else:
+        ids = [engine.submit_request(r.prompt, params(r)) for r in requests]
+        done = {}
+        while len(done) < len(ids):
+            done.update((record.request_id, record) for record in engine.step())
+        records = [done[i] for i in ids]
     elapsed = time.monotonic() - started
-    generated = sum(len(r.generated_tokens) for r in records)
-    assert generated == len(prompts) * new_tokens
-    ttfts = [r.time_to_first_token for r in records]
-    tpots = [(r.duration - r.time_to_first_token) / (len(r.generated_tokens) - 1) for r in records]
+    assert [len(r.generated_tokens) for r in records] == [r.new_tokens for r in requests]
+    decode = [s for s in recorder.steps if not s.num_prefill_tokens and s.num_decode_tokens]
+    step_seconds = sum(s.duration for s in recorder.steps)
     return {
-        "elapsed": elapsed,
-        "tokens_per_s": generated / elapsed,
-        "ttft_mean": sum(ttfts) / len(ttfts),
-        "ttft_p50": percentile(ttfts, 50),
-        "tpot_mean": sum(tpots) / len(tpots),
-        "tpot_p50": percentile(tpots, 50),
+        "elapsed": elapsed, "output_tokens": sum(r.new_tokens for r in requests),
+        "ttfts": [r.time_to_first_token for r in records],
+        "decode_tokens": sum(s.num_decode_tokens for s in decode), "decode_seconds": sum(s.duration for s in decode),
+        "engine_ms_per_step": (step_seconds - execute_seconds[0]) / max(1, len(recorder.steps)) * 1e3,
+        "steps": len(recorder.steps), "load_seconds": load_seconds,
+        "weights_mb": weight_bytes(model) / 2**20, "bandwidth_gbs": memory_bandwidth_gbs(),
+        "config": f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention_backend}",
     }
 
 
-def phase_rates(steps: list) -> tuple[float, float]:
-    """Prefill tokens/s over steps that computed prompt tokens; decode tokens/s over pure-decode steps."""
-    prefill = [s for s in steps if s.num_prefill_tokens]
-    decode = [s for s in steps if not s.num_prefill_tokens and s.num_decode_tokens]
-    prefill_rate = sum(s.num_prefill_tokens for s in prefill) / max(1e-9, sum(s.duration for s in prefill))
-    decode_rate = sum(s.num_decode_tokens for s in decode) / max(1e-9, sum(s.duration for s in decode))
-    return prefill_rate, decode_rate
+# ---------------------------------------------------------------------------------------- one run per process
 
 
-def time_to_first_token(engine: InferenceEngine, prompt: list[int]) -> float:
-    record = engine.generate([prompt], GenerationParams(temperature=0.0, max_tokens=1))[0]
-    return record.time_to_first_token
+def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
+    import torch
 
+    from hetero_core.model_source import resolve_model_path
 
-def gemm_roofline(engine: InferenceEngine, batch: int) -> float:
-    """torch's own matmul FLOP/s at the decode step's shapes (all the model's linear layers, batch rows)."""
-    model = engine.executor.model
-    weights = [w for layer in model.layers for w in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    x = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=model.dtype, device=model.device) for w in weights}
-    flops = sum(2 * batch * w.shape[0] * w.shape[1] for w in weights)
-    synchronize = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    with torch.inference_mode():
-        for _ in range(2):
-            for w in weights:
-                torch.nn.functional.linear(x[w.shape[1]], w)
-        synchronize()
-        started = time.monotonic()
-        repeats = 5
-        for _ in range(repeats):
-            for w in weights:
-                torch.nn.functional.linear(x[w.shape[1]], w)
-        synchronize()
-        elapsed = time.monotonic() - started
-    return flops * repeats / elapsed, flops
-
-
-def run_transformers(args: argparse.Namespace, prompts: list[list[int]], new_tokens: int) -> dict[str, float]:
-    import transformers
-
-    path = resolve_model_path(args.model)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(args.hf_dtype, torch.float32)
-    if path.is_file():
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    torch.set_num_threads(args.threads)
+    requests = workload(name, args.num_requests)
+    sequential = name == "sequential"
+    if peer in HETERO_PEERS:
+        result = run_hetero(HETERO_PEERS[peer], requests, sequential, args)
     else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    model.eval()
-    width = max(len(p) for p in prompts)
-    pad = 2
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=pad)  # warm-up
-        started = time.monotonic()
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            do_sample=False, pad_token_id=pad,
+        import peers
+
+        path = resolve_model_path(args.model)
+        if peer == "llama-cpp":
+            result = peers.run_llama_cpp(path, requests, args.threads)
+        else:
+            dtype = torch.bfloat16 if peer == "transformers-bf16" else torch.float32
+            result = peers.run_transformers(path, dtype, requests, sequential)
+    result["peak_rss_mb"] = peak_rss_mb()
+    if sequential:
+        longest = max(range(len(requests)), key=lambda i: len(requests[i].prompt))
+        result["ttft_longest"] = result["ttfts"][longest]
+    return result
+
+
+def spawn(peer: str, name: str, argv: list[str]) -> dict | None:
+    done = subprocess.run([sys.executable, __file__, *argv, "--child", f"{peer}:{name}"], capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
+    if done.returncode or not lines:
+        print(f"  {peer} on {name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1][len(MARK) :])
+
+
+def describe(peer: str, r: dict) -> str:
+    ttfts = r["ttfts"]
+    line = (
+        f"  {peer:18s} {r['output_tokens'] / r['elapsed']:8.1f} tok/s end-to-end, decode {r['decode_tokens'] / max(1e-9, r['decode_seconds']):7.1f} tok/s, "
+        f"TTFT mean {sum(ttfts) / len(ttfts) * 1e3:6.0f} ms p50 {percentile(ttfts, 50) * 1e3:6.0f} ms"
+    )
+    if "ttft_longest" in r:
+        line += f", 256-token prompt {r['ttft_longest'] * 1e3:4.0f} ms"
+    line += f", peak RSS {r['peak_rss_mb']:5.0f} MiB"
+    if "engine_ms_per_step" in r:
+        line += (
+            f"\n  {'':18s} [{r['config']}; engine loop {r['engine_ms_per_step']:.2f} ms/step over {r['steps']} steps; load {r['load_seconds']:.1f} s; "
+            f"a batch-1 decode reads {r['weights_mb']:.0f} MiB of weights, memory reads at {r['bandwidth_gbs']:.1f} GB/s]"
         )
-        elapsed = time.monotonic() - started
-        longest = torch.tensor([prompts[-1]])
-        started = time.monotonic()
-        model.generate(input_ids=longest, attention_mask=torch.ones_like(longest), max_new_tokens=1, do_sample=False, pad_token_id=pad)
-        ttft = time.monotonic() - started
-    generated = (out.shape[1] - width) * len(prompts)
-    return {"elapsed": elapsed, "tokens_per_s": generated / elapsed, "ttft_256": ttft}
+    return line
+
+
+def ratios(results: dict[str, list[dict]]) -> None:
+    def best(peer: str, key) -> float | None:
+        values = [key(r) for r in results.get(peer, [])]
+        return max(values) if values else None
+
+    end_to_end = lambda r: r["output_tokens"] / r["elapsed"]  # noqa: E731
+    decode = lambda r: r["decode_tokens"] / max(1e-9, r["decode_seconds"])  # noqa: E731
+    ttft = lambda r: -r.get("ttft_longest", float("nan"))  # noqa: E731
+    for peer in results:
+        if peer not in HETERO_PEERS:
+            continue
+        for other in ("transformers-bf16", "transformers-fp32", "llama-cpp"):
+            if other not in results:
+                continue
+            parts = [f"end-to-end {best(peer, end_to_end) / best(other, end_to_end):.2f}x", f"decode {best(peer, decode) / best(other, decode):.2f}x"]
+            if results[peer] and "ttft_longest" in results[peer][0]:
+                parts.append(f"TTFT(256) {best(peer, ttft) / best(other, ttft):.2f}x")
+            print(f"  ratio {peer} / {other}: {', '.join(parts)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
-    parser.add_argument("--executor", default="torch")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--weights", default="auto", help="the torch executor's weights option for peer 'hetero'")
     parser.add_argument("--attention", choices=["torch", "numba"], help="the torch executor's attention backend")
-    parser.add_argument("--decode-graphs", default="auto", choices=["auto", "true", "false"], help="replay decode steps from graphs (auto: on CUDA)")
-    parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--num-requests", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--workloads", default="standard,sequential", help=f"comma-separated, from {', '.join(WORKLOADS)}")
+    parser.add_argument("--peers", default="hetero", help=f"comma-separated, from {', '.join(PEERS)}")
+    parser.add_argument("--compare-hf", action="store_true", help="add transformers bf16 and fp32, and llama-cpp when installed")
+    parser.add_argument("--num-requests", type=int, help="requests in the workload (default: 32, mixed 256)")
+    parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-total-tokens", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--compare-hf", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    if args.child:
+        peer, name = args.child.split(":")
+        print(MARK + json.dumps(run_child(peer, name, args)), flush=True)
+        return
+    from peers import llama_cpp_available
 
-    prompts = standard_prompts(args.num_requests)
-    recorder = StepRecorder()
-    engine = build_engine(args, recorder)
-    executor = engine.executor
-    attention, graphs = getattr(executor, "attention_backend", "-"), getattr(executor, "uses_graphs", "-")
-    device = getattr(executor, "device", "-")
-    print(f"model {engine.model_info.name}, executor {args.executor} on {device} (attention {attention}, decode graphs {graphs}), dtype {executor.dtype}, {args.threads} threads")
-    run_engine(engine, prompts, 2)  # a first pass at full size, as the transformers run gets below
-    engine.allocator.reset_prefix_cache()
-    recorder.steps.clear()
-    ours = run_engine(engine, prompts, args.new_tokens)
-    prefill_rate, decode_rate = phase_rates(recorder.steps)
-    engine.allocator.reset_prefix_cache()
-    ttft_256 = time_to_first_token(engine, prompts[-1])
-    print(f"end-to-end      {ours['tokens_per_s']:8.1f} tokens/s  ({ours['elapsed']:.2f} s for {args.num_requests} x {args.new_tokens} tokens)")
-    print(f"prefill         {prefill_rate:8.1f} tokens/s")
-    print(f"decode          {decode_rate:8.1f} tokens/s")
-    print(f"TTFT            mean {ours['ttft_mean'] * 1e3:.0f} ms, p50 {ours['ttft_p50'] * 1e3:.0f} ms (in the batch); {ttft_256 * 1e3:.0f} ms for a lone 256-token prompt")
-    print(f"TPOT            mean {ours['tpot_mean'] * 1e3:.1f} ms, p50 {ours['tpot_p50'] * 1e3:.1f} ms")
-    if hasattr(engine.executor, "model"):
-        gemm_rate, flops_per_step = gemm_roofline(engine, args.num_requests)
-        achieved = decode_rate / args.num_requests * flops_per_step
-        print(f"roofline        matmuls at batch {args.num_requests}: {gemm_rate / 1e9:.1f} GFLOP/s; decode achieves {achieved / 1e9:.1f} GFLOP/s ({achieved / gemm_rate:.0%})")
-    print(f"peak RSS        {peak_rss_mb():.0f} MiB")
+    peers = args.peers.split(",")
     if args.compare_hf:
-        engine.close()
-        hf = run_transformers(args, prompts, args.new_tokens)
-        print(f"transformers    {hf['tokens_per_s']:8.1f} tokens/s ({args.hf_dtype}, batched generate, left padding); TTFT 256 tokens {hf['ttft_256'] * 1e3:.0f} ms")
-        print(f"ratio           throughput {ours['tokens_per_s'] / hf['tokens_per_s']:.2f}x, TTFT {ttft_256 / hf['ttft_256']:.2f}x of transformers'")
+        peers += ["transformers-bf16", "transformers-fp32"] + (["llama-cpp"] if llama_cpp_available() else [])
+    unknown = [p for p in peers if p not in PEERS] + [w for w in args.workloads.split(",") if w not in WORKLOADS]
+    if unknown:
+        parser.error(f"unknown peer or workload: {', '.join(unknown)}")
+    argv = [a for a in sys.argv[1:] if a != "--compare-hf"]
+    print(f"{args.threads} threads; hetero: dtype {args.dtype}, weights {args.weights}, max_num_seqs {args.max_num_seqs}")
+    for name in args.workloads.split(","):
+        print(f"workload {name}")
+        results: dict[str, list[dict]] = {}
+        for _ in range(args.repeats):
+            for peer in peers:
+                if peer == "llama-cpp" and name != "sequential":
+                    continue
+                result = spawn(peer, name, argv)
+                if result is not None:
+                    results.setdefault(peer, []).append(result)
+                    print(describe(peer, result), flush=True)
+        ratios(results)
 
 
 if __name__ == "__main__":

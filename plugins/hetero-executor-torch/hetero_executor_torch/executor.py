@@ -20,6 +20,7 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
+from hetero_executor_torch.quantized import WEIGHT_FORMATS
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
 log = get_logger(__name__)
@@ -60,6 +61,18 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype) -> str:
+    """``auto`` keeps a GGUF's 4-bit linears packed where the packed kernels pay (the CPU in bf16);
+    float32 stays dense, the exact reference."""
+    if weights not in WEIGHT_FORMATS:
+        raise ConfigError(f"executor option weights must be one of {', '.join(WEIGHT_FORMATS)}; got {weights!r}", param="weights")
+    if weights in ("int8", "int4") and device.type != "cpu":
+        raise ConfigError(f"executor option weights={weights!r} runs torch's CPU packed kernels; on {device} use 'dense'", param="weights")
+    if weights == "auto" and (device.type != "cpu" or dtype != torch.bfloat16):
+        return "dense"
+    return weights
+
+
 class TorchExecutor:
     """Runs a Llama-family model with torch.
 
@@ -72,6 +85,11 @@ class TorchExecutor:
         attention) or, on the CPU, ``numba`` (decodes run the Numba CPU
         kernel, which reads the paged cache in place; prefill chunks take the
         torch path; the KV cache is then float32).
+    :param weights: how linear weights are held: ``auto`` (on the CPU in
+        bf16, a GGUF's Q4_0/Q4_1 linears stay packed int4, everything else
+        dense; otherwise dense), ``dense`` (the compute dtype),
+        ``int8`` (per-channel) or ``int4`` (groups of 32): weight-only
+        quantization on the CPU, for any checkpoint.
     :param decode_graphs: replay decode-only steps from captured graphs
         (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
@@ -89,6 +107,7 @@ class TorchExecutor:
         num_threads: int | None = None,
         attention: str = "torch",
         decode_graphs: bool | str = "auto",
+        weights: str = "auto",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -104,10 +123,11 @@ class TorchExecutor:
         attend = self._attention_function()
         if attend is not paged_attention and self.device.type == "cpu":
             self.kv_cache_dtype = torch.float32  # the Numba CPU kernels compute in float32/float64
+        self.weight_format = resolve_weight_format(weights, self.device, self.dtype)
         path = resolve_model_path(config.model)
-        model_config, tensors = load_weights(path)
+        model_config, tensors = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, attend)
+            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, attend, self.weight_format)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_id=model_config.eos_token_id)
@@ -115,7 +135,7 @@ class TorchExecutor:
         self.block_size = 0
         self.engine_config = config
         self.graphs: DecodeGraphs | None = None
-        log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device))
+        log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device), weights=self.weight_format)
 
     def _device(self, device: str) -> torch.device:
         return resolve_device(device)

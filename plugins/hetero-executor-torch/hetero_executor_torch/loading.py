@@ -1,6 +1,9 @@
 """Load weights into Hugging Face Llama naming, from a GGUF file or a Hugging Face folder.
 
-GGUF tensors are dequantized with the ``gguf`` package. llama.cpp's
+GGUF tensors are dequantized with the ``gguf`` package, except Q4_0 / Q4_1
+linear weights when the caller keeps them quantized: those arrive as
+:class:`~hetero_executor_torch.quantized.GroupQuantized` (the file's 4-bit
+values, scales and minimums, unchanged). llama.cpp's
 converter permutes the rows of the q and k projections so that RoPE rotates
 adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
 (rotate-half RoPE, as Hugging Face computes it) serves both sources.
@@ -19,6 +22,7 @@ from safetensors.torch import load_file
 
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig
+from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, Weight
 
 GGUF_TYPES = {
     gguf.GGMLQuantizationType.F32,
@@ -57,6 +61,32 @@ def unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """Undo llama.cpp's interleaving of q/k rows (pairwise RoPE) back to the rotate-half layout."""
     rows = weight.shape[0]
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def q4_groups(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> GroupQuantized:
+    """A Q4_0 / Q4_1 tensor's raw blocks ([rows, bytes per row]) as 4-bit values, scales and minimums.
+
+    A block holds an f16 scale d (Q4_1: then an f16 minimum m) and 16 bytes
+    whose low nibbles are weights 0..15 and high nibbles 16..31:
+    w = d * q + m (Q4_0: w = d * (q - 8)).
+    """
+    header = 4 if kind == gguf.GGMLQuantizationType.Q4_1 else 2
+    rows = data.shape[0]
+    blocks = data.reshape(-1, header + GROUP_SIZE // 2)
+    scale = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
+    minimum = blocks[:, 2:4].copy().view(np.float16).astype(np.float32) if header == 4 else -8 * scale
+    nibbles = blocks[:, header:]
+    q = np.concatenate([nibbles & 15, nibbles >> 4], axis=1).reshape(rows, -1)
+    return GroupQuantized(torch.from_numpy(q), torch.from_numpy(scale.reshape(rows, -1)), torch.from_numpy(minimum.reshape(rows, -1)))
+
+
+Q4_TYPES = {gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
+
+
+def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
+    if isinstance(weight, GroupQuantized):
+        return GroupQuantized(*(torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads))) for t in (weight.q, weight.scale, weight.minimum)))
+    return torch.from_numpy(np.ascontiguousarray(unpermute(weight.numpy(), num_heads)))
 
 
 def _hf_name(gguf_name: str) -> str | None:
@@ -102,13 +132,14 @@ def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
     )
 
 
-def load_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
-    """The model's config and an iterator of (Hugging Face name, float32 tensor)."""
+def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
+    """The model's config and an iterator of (Hugging Face name, float32 tensor or, with
+    ``keep_quantized``, a Q4_0 / Q4_1 weight's :class:`GroupQuantized`)."""
     reader = gguf.GGUFReader(path)
     config = gguf_config(reader, path)
     arch = _field(reader, "general.architecture")
 
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors() -> Iterator[tuple[str, Weight]]:
         for tensor in reader.tensors:
             name = _hf_name(tensor.name)
             if name is None:
@@ -117,10 +148,15 @@ def load_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor
                 raise ConfigError(
                     f"{path.name}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}", param="model"
                 )
-            weight = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+            weight: Weight
+            if keep_quantized and tensor.tensor_type in Q4_TYPES:
+                weight = q4_groups(tensor.data, tensor.tensor_type)
+            else:
+                dense = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+                weight = torch.from_numpy(np.require(dense, requirements=["C", "W"]))
             if arch == "llama" and ("q_proj" in name or "k_proj" in name):
-                weight = unpermute(weight, config.num_heads if "q_proj" in name else config.num_kv_heads)
-            yield name, torch.from_numpy(np.require(weight, requirements=["C", "W"]))
+                weight = unpermute_weight(weight, config.num_heads if "q_proj" in name else config.num_kv_heads)
+            yield name, weight
 
     return config, tensors()
 
@@ -144,9 +180,9 @@ def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch
     return config, tensors()
 
 
-def load_weights(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+def load_weights(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(path)
+        return load_gguf(path, keep_quantized)
     if path.is_dir():
         return load_hf_folder(path)
     raise ConfigError(f"cannot load a model from {str(path)!r}: expected a .gguf file or a folder", param="model")

@@ -1,0 +1,55 @@
+"""One linear layer's time per call by rows, at SmolLM2's shapes: packed int4, packed int8, dense bf16.
+
+    python benchmarks/linear.py [--rows 1,2,4,8,16,32] [--threads 2]
+
+Each figure is the lower quartile of 40 timed calls (the machine is shared:
+the quartile is steadier than the mean). This is what ``PACKED_MAX_ROWS``
+in ``hetero_executor_torch.quantized`` was chosen from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hetero_executor_torch.quantized import GroupQuantized, Int4Weights, Int8Weights
+
+SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
+
+
+def quartile_us(call, repeats: int = 40) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[repeats // 4] * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,2,4,8,16,32")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    print(f"{args.threads} threads; microseconds per call (int4 / int8 / bf16) by rows")
+    with torch.inference_mode():
+        for name, (out_features, in_features) in SHAPES.items():
+            weight = torch.randn(out_features, in_features) * 0.02
+            int4, int8, dense = Int4Weights(GroupQuantized.from_dense(weight), torch.bfloat16), Int8Weights(weight, torch.bfloat16), weight.bfloat16()
+            cells = []
+            for n in rows:
+                x = torch.randn(n, in_features, dtype=torch.bfloat16)
+                figures = (quartile_us(lambda: int4.matmul(x)), quartile_us(lambda: int8.matmul(x)), quartile_us(lambda: F.linear(x, dense)))
+                cells.append(f"{n}: {figures[0]:.0f}/{figures[1]:.0f}/{figures[2]:.0f}")
+            print(f"  {name:8s} {out_features}x{in_features}  " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""How close each shipped dtype / weight format stays to the float32 model: teacher-forced next-token KL and top-1 agreement.
+
+    python benchmarks/quality.py [--new-tokens 48] [--configs bf16-auto,bf16-dense,...] [--no-transformers]
+
+The float32 engine (dense weights; it matches transformers in float32, see
+the parity tests) answers a fixed set of chat prompts greedily. Each
+configuration then reads the same prompt + answer, and at every answer
+position its next-token distribution is compared with float32's: mean
+KL(fp32 || config) in nats, the share of positions where both pick the same
+top token, and the worst position's KL.
+
+An engine configuration is measured on both of its paths: ``batch-1``
+(prompt prefilled, then the answer decoded one token at a time: the packed
+kernels where the weights are packed) and ``batched`` (the whole sequence in
+one pass: the dense matmuls of many-row steps). transformers in bf16 reads
+the whole sequence in one forward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+
+from hetero_core.config import EngineConfig
+from hetero_core.engine import InferenceEngine
+from hetero_core.model_source import resolve_model_path
+from hetero_core.params import GenerationParams
+from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, PrefillSpan
+
+CHATS = [
+    "What is the capital of France?",
+    "Explain in two sentences why the sky looks blue.",
+    "Write a haiku about a lighthouse in winter.",
+    "How do I reverse a list in Python?",
+    "Give me three tips for sleeping better.",
+    "What is the difference between a virus and a bacterium?",
+    "Translate 'good morning, my friend' into Spanish.",
+    "Summarize the plot of a story about a lost dog finding its way home.",
+    "Why do cats purr?",
+    "List the planets of the solar system in order.",
+    "What does a compiler do?",
+    "Suggest a name for a bakery that sells only bread made with rye.",
+]
+CONFIGS = {
+    "bf16-auto": {"dtype": "bfloat16", "weights": "auto"},
+    "bf16-dense": {"dtype": "bfloat16", "weights": "dense"},
+    "bf16-int8": {"dtype": "bfloat16", "weights": "int8"},
+    "fp32-int4": {"dtype": "float32", "weights": "int4"},
+}
+BLOCK = 16
+
+
+def reference_answers(engine: InferenceEngine, new_tokens: int) -> list[tuple[list[int], list[int]]]:
+    params = GenerationParams(temperature=0.0, max_tokens=new_tokens)
+    records = engine.generate([engine.tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True) for c in CHATS], params)
+    return [(r.input_tokens, r.generated_tokens) for r in records]
+
+
+def whole_pass(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
+    """float32 logits at every position of ``ids`` from one prefill."""
+    n = len(ids)
+    attention = AttentionInputs(torch.arange(n), 0, [], [PrefillSpan(0, n, n, None, None)])
+    return executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
+
+
+def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """Logits predicting each answer token: the prompt prefilled, then the answer decoded token by token."""
+    rows = [whole_pass(executor, prompt)[-1:]]
+    for offset, token in enumerate(answer[:-1]):
+        position = len(prompt) + offset
+        blocks = torch.arange(position // BLOCK + 1)[None]
+        mask = (torch.arange(blocks.shape[1] * BLOCK) <= position)[None, None, None]
+        attention = AttentionInputs(torch.tensor([position]), 1, [DecodeGroup(0, 1, blocks, mask)], [])
+        rows.append(executor.model.forward(torch.tensor([token]), torch.tensor([position]), attention, executor.kv_caches, torch.tensor([0])))
+    return torch.cat(rows)
+
+
+def compare(logits: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position: KL(reference || logits) and whether the top tokens agree."""
+    ref = F.log_softmax(reference.float(), dim=-1)
+    kl = (ref.exp() * (ref - F.log_softmax(logits.float(), dim=-1))).sum(-1)
+    return kl, logits.argmax(-1) == reference.argmax(-1)
+
+
+def report(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], seconds: float) -> None:
+    kl = torch.cat([p[0] for p in parts])
+    agree = torch.cat([p[1] for p in parts]).float()
+    print(f"  {name:28s} KL mean {kl.mean():.5f}  max {kl.max():.4f}  top-1 agreement {agree.mean():.2%} over {len(kl)} positions ({seconds:.0f} s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
+    parser.add_argument("--paths", default="batch-1,batched", help="which of the engine's paths to measure")
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model = resolve_model_path(args.model)
+    config = EngineConfig(model=str(model), executor={"name": "torch", "dtype": "float32", "weights": "dense"}, max_model_len=1024, block_size=BLOCK)
+    engine = InferenceEngine(config)
+    samples = reference_answers(engine, args.new_tokens)
+    with torch.inference_mode():
+        references = [whole_pass(engine.executor, p + a)[len(p) - 1 : -1] for p, a in samples]
+    engine.close()
+    print(f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:")
+    for name in filter(None, args.configs.split(",")):
+        executor = TorchExecutor(config, **CONFIGS[name])
+        executor.initialize_cache(1024 // BLOCK, BLOCK)
+        with torch.inference_mode():
+            if "batch-1" in args.paths:
+                started = time.monotonic()
+                report(f"hetero {name} batch-1", [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+            if "batched" in args.paths:
+                started = time.monotonic()
+                report(f"hetero {name} batched", [compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+        executor.close()
+    if not args.no_transformers:
+        import transformers
+
+        for dtype in (torch.bfloat16, torch.float32):
+            dense = transformers.GgufConfig(dequantize=True)
+            hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense).eval()
+            started = time.monotonic()
+            with torch.inference_mode():
+                parts = [compare(hf(torch.tensor([p + a])).logits[0, len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)]
+            report(f"transformers {str(dtype).removeprefix('torch.')}", parts, time.monotonic() - started)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Linear layers whose weights stay quantized in memory (weight-only quantization on the CPU).
+
+A decode step at batch 1 reads every weight once per token, so its speed is
+the weights' bytes over the memory bandwidth. Packed weights are read as they
+are and widened inside torch's CPU kernels:
+
+- ``int4``: groups of :data:`GROUP_SIZE` input weights share a scale and an
+  offset, ``w = scale * q + minimum`` with ``q`` in 0..15 -- exactly GGUF's
+  Q4_1 block (Q4_0 is the same with ``minimum = -8 * scale``), so the file's
+  weights run without re-quantization. torch's packed kernel
+  (``_weight_int4pack_mm_for_cpu``) computes ``(q - 8) * scale + zero``, so
+  ``zero = minimum + 8 * scale``; scales and zeros are stored in the
+  activations' dtype (bf16 rounds the file's f16 scales, float32 keeps them).
+- ``int8``: one symmetric scale per output channel
+  (``_weight_int8pack_mm``); used for the LM head beside packed linears and
+  offered for dense checkpoints.
+
+Steps with more rows run the same weights dense (see :class:`PackedLinear`).
+
+Dense weights (a Hugging Face checkpoint in bf16) are quantized at load time:
+int4 by each group's min and max, int8 by each row's largest magnitude.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+GROUP_SIZE = 32
+WEIGHT_FORMATS = ("auto", "dense", "int8", "int4")
+
+
+@attrs.frozen
+class GroupQuantized:
+    """Weights ``[out, in]`` stored as ``scale * q + minimum`` per group of 32 along the input dimension."""
+
+    q: torch.Tensor  # [out, in] uint8, 0..15
+    scale: torch.Tensor  # [out, in // GROUP_SIZE] float32
+    minimum: torch.Tensor  # [out, in // GROUP_SIZE] float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        grouped = self.q.float().view(self.q.shape[0], -1, GROUP_SIZE)
+        return (grouped * self.scale[..., None] + self.minimum[..., None]).view(self.q.shape)
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor) -> GroupQuantized:
+        """Asymmetric 4-bit quantization of each group by its min and max (round to nearest)."""
+        grouped = weight.float().view(weight.shape[0], -1, GROUP_SIZE)
+        low, high = grouped.amin(-1), grouped.amax(-1)
+        scale = (high - low) / 15
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        q = ((grouped - low[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.uint8)
+        return cls(q.view(weight.shape), scale, low)
+
+    @classmethod
+    def cat(cls, parts: list[GroupQuantized]) -> GroupQuantized:
+        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.minimum for p in parts]))
+
+
+Weight = torch.Tensor | GroupQuantized
+
+
+def as_dense(weight: Weight) -> torch.Tensor:
+    return weight.dequantize() if isinstance(weight, GroupQuantized) else weight
+
+
+class Linear(Protocol):
+    """``y = x @ W.T (+ bias)`` for activations ``x`` [T, in] in the model's dtype; ``embed`` looks rows up."""
+
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+
+class DenseLinear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class Int4Weights:
+    """Groupwise int4 weights packed for torch's CPU kernel."""
+
+    def __init__(self, weight: GroupQuantized, dtype: torch.dtype) -> None:
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
+        zero = weight.minimum + 8 * weight.scale
+        self.scales_and_zeros = torch.stack([weight.scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
+
+
+class Int8Weights:
+    """Per-output-channel symmetric int8 weights."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        weight = weight.float()
+        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.weight = (weight / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self.scale = scale.to(dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight.float() * self.scale.float()[:, None]
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
+
+
+class PackedLinear(DenseLinear):
+    """Packed weights for steps of at most :data:`PACKED_MAX_ROWS` tokens, the same weights dense above.
+
+    torch's packed kernels cost about linearly in the rows (they do not reuse a
+    widened weight across rows), while the dense bf16 matmul costs nearly the
+    same from 1 to 32 rows. On a 2-core AVX-512/AMX host the packed int4 and
+    int8 kernels were 2.5-3x faster than bf16 at 1 row, even at 8 and slower
+    from 16 (SmolLM2's shapes), so the crossover sits at 4-8 rows. The dense
+    copy holds the packed weights' own values, so a model computes the same
+    function at every batch size.
+    """
+
+    def __init__(self, packed: Int4Weights | Int8Weights, dense: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(dense, bias)
+        self.packed = packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > PACKED_MAX_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        out = self.packed.matmul(x)
+        return out if self.bias is None else out + self.bias
+
+
+PACKED_MAX_ROWS = 4
+
+
+def make_linear(weight: Weight, bias: torch.Tensor | None, weight_format: str, dtype: torch.dtype, device: torch.device) -> Linear:
+    """A linear layer holding ``weight`` in ``weight_format``: ``dense`` (the model's dtype), ``int8``,
+    ``int4`` or ``auto`` (int4 for weights that arrive group-quantized, else dense)."""
+    if weight_format == "auto":
+        weight_format = "int4" if isinstance(weight, GroupQuantized) else "dense"
+    if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
+        quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
+        return PackedLinear(Int4Weights(quantized, dtype), quantized.dequantize().to(dtype), bias)
+    if weight_format in ("int4", "int8"):
+        packed = Int8Weights(as_dense(weight), dtype)
+        return PackedLinear(packed, packed.dequantize().to(dtype), bias)
+    return DenseLinear(as_dense(weight).to(device=device, dtype=dtype), bias)

@@ -1,0 +1,110 @@
+"""Packed weights compute the linear layer of the weights they hold: GGUF 4-bit blocks, int4 and int8 quantization."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError
+from hetero_core.model_source import resolve_model_path
+from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.attention import AttentionInputs, DecodeGroup
+from hetero_executor_torch.loading import q4_groups, unpermute, unpermute_weight
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, GroupQuantized, PackedLinear, make_linear
+
+from .test_tiny_model import our_logits
+
+CPU = torch.device("cpu")
+Q4 = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
+
+
+@pytest.mark.parametrize("kind", Q4, ids=lambda k: k.name)
+def test_q4_blocks_read_back_exactly_what_gguf_dequantizes(kind) -> None:
+    weights = np.random.default_rng(0).normal(size=(6, 96)).astype(np.float32)
+    raw = gguf.quants.quantize(weights, kind)
+    groups = q4_groups(raw, kind)
+    np.testing.assert_array_equal(groups.dequantize().numpy(), gguf.quants.dequantize(raw, kind))
+    assert int(groups.q.max()) <= 15
+
+
+def test_unpermuting_a_quantized_weight_moves_its_rows_like_the_dense_one() -> None:
+    raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(24, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
+    groups = q4_groups(raw, gguf.GGMLQuantizationType.Q4_1)
+    expected = unpermute(groups.dequantize().numpy(), 3)
+    np.testing.assert_array_equal(unpermute_weight(groups, 3).dequantize().numpy(), expected)
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 12), out_blocks=st.integers(1, 4), in_groups=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_int4_from_dense_errs_at_most_half_a_step(rows: int, out_blocks: int, in_groups: int, seed: int) -> None:
+    weight = torch.randn(out_blocks * 16, in_groups * 32, generator=torch.Generator().manual_seed(seed))
+    groups = GroupQuantized.from_dense(weight)
+    step = groups.scale.repeat_interleave(32, dim=1)
+    assert bool(((groups.dequantize() - weight).abs() <= step / 2 + 1e-6).all())
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 33])
+def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtype: torch.dtype, rows: int) -> None:
+    torch.manual_seed(0)
+    weight, bias = torch.randn(80, 96) * 0.05, torch.randn(80)
+    linear = make_linear(weight, bias.to(dtype), fmt, dtype, CPU)
+    assert isinstance(linear, PackedLinear)
+    x = torch.randn(rows, 96)
+    held = linear.weight.float()  # the quantized weights, dequantized
+    expected = x.to(dtype).float() @ held.T + bias.to(dtype).float()
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(linear(x.to(dtype)).float(), expected, atol=tolerance, rtol=tolerance)
+    step = 1 / 15 if fmt == "int4" else 1 / 127
+    assert float((held - weight).abs().max()) <= step * float(weight.abs().max()) * 2  # and those are close to the originals
+
+
+@pytest.fixture(scope="module")
+def smollm2_tensors():
+    reader = gguf.GGUFReader(resolve_model_path(None))
+    return {t.name: t for t in reader.tensors}
+
+
+@pytest.mark.parametrize("name", ["blk.0.ffn_gate.weight", "blk.7.attn_output.weight", "blk.29.ffn_down.weight"])
+def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, name: str) -> None:
+    """float32 activations: the packed kernel reproduces the dequantized fp32 matmul of the real file's weights."""
+    tensor = smollm2_tensors[name]
+    assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
+    dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+    linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
+    x = torch.randn(PACKED_MAX_ROWS, dense.shape[1], generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(linear.weight, dense)
+
+
+def test_weights_option_is_validated(tiny_model) -> None:
+    with pytest.raises(ConfigError, match="weights"):
+        TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", weights="int3")
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_a_quantized_checkpoint_computes_the_same_function_at_every_batch_size(tiny_model, fmt: str) -> None:
+    """Prefill rows run the dense copy of the quantized weights, single decodes the packed kernels: same logits."""
+    packed = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", weights=fmt)
+    assert packed.weight_format == fmt and isinstance(packed.model.layers[0].qkv, PackedLinear)
+    ids = [5, 17, 99, 3, 250, 40, 41, 7]
+    whole = our_logits(packed, ids)
+    decoded = torch.cat([one_token_logits(packed, ids[6], 6), one_token_logits(packed, ids[7], 7)])
+    torch.testing.assert_close(decoded, whole[6:], atol=1e-4, rtol=1e-4)
+    dense = our_logits(TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", weights="dense"), ids)
+    assert float((dense - whole).abs().max()) < 0.25 * float(dense.abs().max())
+
+
+def one_token_logits(executor: TorchExecutor, token: int, position: int) -> torch.Tensor:
+    """A decode of one token after :func:`our_logits` wrote positions 0.. into slots 8.. (blocks 2..)."""
+    blocks = torch.arange(2, 2 + position // 4 + 1)[None]
+    mask = (torch.arange(blocks.shape[1] * 4) < position + 1)[None, None, None]
+    attention = AttentionInputs(torch.tensor([8 + position]), 1, [DecodeGroup(0, 1, blocks, mask)], [])
+    with torch.inference_mode():
+        return executor.model.forward(torch.tensor([token]), torch.tensor([position]), attention, executor.kv_caches, torch.tensor([0]))
