@@ -1,7 +1,7 @@
 """Offline throughput of the engine against its peers, workload by workload, each run in its own process.
 
     python benchmarks/throughput.py [--compare-hf] [--workloads standard,sequential,mixed]
-        [--peers hetero,hetero-dense,...] [--dtype auto] [--weights auto] [--repeats 1]
+        [--peers hetero,hetero-dense,...] [--dtype auto] [--weights dense] [--repeats 1]
 
 Workloads (``workload.py``): ``standard`` (32 prompts of 16..256 tokens, 64
 greedy new tokens each, all at once), ``sequential`` (the same, one request
@@ -215,7 +215,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--weights", default="auto", help="the torch executor's weights option for peer 'hetero'")
+    parser.add_argument("--weights", default="dense", help="the torch executor's weights option for peer 'hetero'")
     parser.add_argument("--attention", choices=["torch", "numba"], help="the torch executor's attention backend")
     parser.add_argument("--workloads", default="standard,sequential", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     parser.add_argument("--peers", default="hetero", help=f"comma-separated, from {', '.join(PEERS)}")

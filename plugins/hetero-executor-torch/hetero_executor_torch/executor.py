@@ -85,11 +85,12 @@ class TorchExecutor:
         attention) or, on the CPU, ``numba`` (decodes run the Numba CPU
         kernel, which reads the paged cache in place; prefill chunks take the
         torch path; the KV cache is then float32).
-    :param weights: how linear weights are held: ``auto`` (on the CPU in
-        bf16, a GGUF's Q4_0/Q4_1 linears stay packed int4, everything else
-        dense; otherwise dense), ``dense`` (the compute dtype),
-        ``int8`` (per-channel) or ``int4`` (groups of 32): weight-only
-        quantization on the CPU, for any checkpoint.
+    :param weights: how linear weights are held: ``dense`` (the compute
+        dtype; the default, fastest end to end on the development machine),
+        ``auto`` (on the CPU in bf16, a GGUF's Q4_0/Q4_1 linears stay packed
+        int4, everything else dense; otherwise dense), ``int8``
+        (per-channel) or ``int4`` (groups of 32): weight-only quantization
+        on the CPU, for any checkpoint.
     :param decode_graphs: replay decode-only steps from captured graphs
         (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
@@ -107,7 +108,7 @@ class TorchExecutor:
         num_threads: int | None = None,
         attention: str = "torch",
         decode_graphs: bool | str = "auto",
-        weights: str = "auto",
+        weights: str = "dense",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)

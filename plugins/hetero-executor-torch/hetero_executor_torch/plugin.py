@@ -10,6 +10,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
 from hetero_core.validators import number_in, one_of, optional
 from hetero_executor_torch.executor import TorchExecutor
+from hetero_executor_torch.quantized import WEIGHT_FORMATS
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
@@ -34,6 +35,7 @@ class TorchExecutorOptions:
     num_threads: int | None = attrs.field(default=None, validator=optional(number_in(1, 4096, integer=True, error=ConfigError)))
     attention: str = attrs.field(default="torch", validator=one_of(TorchExecutor.ATTENTION_BACKENDS, error=ConfigError))
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
+    weights: str = attrs.field(default="dense", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
 
 
 @hookimpl
