@@ -8,13 +8,14 @@ from hetero_core.hookspecs import Register, hookimpl
 from hetero_executor_numba.executor import NumbaCudaExecutor
 from hetero_executor_torch.plugin import TorchExecutorOptions
 
-# The torch executor's options but ``attention``: here it is always the Numba CUDA kernels.
+# The torch executor's options but ``attention`` (always the Numba CUDA kernels here) and ``weights``
+# (the packed weight formats are CPU kernels; on CUDA weights are dense).
 NumbaCudaExecutorOptions = attrs.make_class(
     "NumbaCudaExecutorOptions",
     {
         f.name: attrs.field(default=f.default, validator=f.validator, type=f.type)
         for f in attrs.fields(TorchExecutorOptions)
-        if f.name != "attention"
+        if f.name not in ("attention", "weights")
     },
     frozen=True,
 )
