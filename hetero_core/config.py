@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import number_in, one_of, optional
+from hetero_core.validators import number_in, optional
 
 _positive_int = number_in(1, None, integer=True, error=ConfigError)
 
@@ -84,9 +84,6 @@ class PluginsConfig:
     load: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
 
-BACKENDS = ("local_engine", "command_bridge")
-
-
 @attrs.frozen
 class ServerConfig:
     """The OpenAI-compatible HTTP server (``hetero-infer serve``)."""
@@ -94,7 +91,8 @@ class ServerConfig:
     host: str = attrs.field(default="127.0.0.1", validator=_check_name)
     port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
     model_name: str | None = None  # the name clients use; defaults to the model file's name
-    backend: str = attrs.field(default="local_engine", validator=one_of(BACKENDS, error=ConfigError))
+    backend: str = attrs.field(default="local_engine", validator=_check_name)  # a registered serving backend's name
+    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)  # keyword options for its factory
     command: tuple[str, ...] = attrs.field(default=(), converter=tuple)  # command_bridge: program and arguments
     command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
     command_concurrency: int = attrs.field(default=4, validator=_positive_int)
@@ -128,6 +126,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     model: str | None = None  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
     seed: int = attrs.field(default=0, validator=number_in(0, None, integer=True, error=ConfigError))
+    data_parallel_size: int = attrs.field(default=1, validator=_positive_int)  # engine replicas (serve and --input-file)
+    data_parallel_backend: str = attrs.field(default="ray", validator=_check_name)  # the serving backend that places them
+    ray_address: str | None = None  # a Ray cluster to join ("auto", "host:port"); None starts a local one
     tokenizer: ComponentSpec = _component("huggingface")
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")

@@ -35,6 +35,7 @@ EXTENSION_POINTS: dict[str, str] = {
     "scheduler": "register_scheduler_policies",
     "cache_allocator": "register_cache_allocators",
     "executor": "register_executors",
+    "serving_backend": "register_serving_backends",
 }
 
 

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.model_source import resolve_model_path
-from hetero_core.server.async_engine import AsyncEngine
+from hetero_core.server.backend import ServingBackend, create_backend
 from hetero_core.server.errors import APIError, error_body, install_error_handlers, internal_error_body
 from hetero_core.server.generation import Choice, Generation, Input
 from hetero_core.server.limits import BodySizeLimit
@@ -39,15 +39,10 @@ def served_model_name(config: EngineConfig) -> str:
         return config.model or "default"
 
 
-def create_app(config: EngineConfig, backend: Any = None) -> FastAPI:
-    """The ASGI app; ``backend`` defaults to the one ``config.server.backend`` names."""
+def create_app(config: EngineConfig, backend: ServingBackend | None = None) -> FastAPI:
+    """The ASGI app; ``backend`` defaults to the one the config names (see :func:`create_backend`)."""
     if backend is None:
-        if config.server.backend == "command_bridge":
-            from hetero_core.server.command_bridge import CommandBridge
-
-            backend = CommandBridge(config.server)
-        else:
-            backend = AsyncEngine(config)
+        backend = create_backend(config)
     model_name = served_model_name(config)
     metrics = ServerMetrics(model_name, backend.engine_metrics)
     api_key = config.server.api_key or os.environ.get(API_KEY_ENV)
@@ -110,7 +105,7 @@ def create_app(config: EngineConfig, backend: Any = None) -> FastAPI:
             tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": backend.engine.max_model_len}
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": backend.max_model_len}
 
     @app.post("/detokenize", dependencies=[Depends(authorize)])
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
@@ -238,11 +233,10 @@ def _prompts(prompt: Any) -> list[Input]:
 
 
 def _context_left(backend: Any, messages: list[dict]) -> int:
-    engine = backend.engine
-    if engine is None:
+    if backend.tokenizer is None or backend.max_model_len is None:
         return 1024
-    text = engine.tokenizer.apply_chat_template(messages)
-    return engine.max_model_len - len(engine.tokenizer.encode(text, add_special_tokens=False))
+    text = backend.tokenizer.apply_chat_template(messages)
+    return backend.max_model_len - len(backend.tokenizer.encode(text, add_special_tokens=False))
 
 
 def _raise_if_failed(choice: Choice, backend: Any) -> None:

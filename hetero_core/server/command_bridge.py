@@ -24,9 +24,11 @@ log = structlog.get_logger()
 
 
 class CommandBridge:
+    """The ``command_bridge`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
+
     error_status = 502  # the program failed, not the server
     tokenizer = None
-    engine = None
+    max_model_len = None
     error: str | None = None
     is_ready = True
 
@@ -36,8 +38,8 @@ class CommandBridge:
         self._limit = asyncio.Semaphore(server.command_concurrency)
         self._tasks: dict[str, asyncio.Task] = {}
 
-    def engine_metrics(self) -> None:
-        return None
+    def engine_metrics(self) -> dict:
+        return {}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
