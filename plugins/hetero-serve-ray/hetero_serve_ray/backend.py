@@ -1,0 +1,395 @@
+"""The ``ray`` serving backend: ``data_parallel_size`` engine replicas as Ray actors behind one front end.
+
+The front end (this process) joins or starts a Ray cluster, places one
+:class:`~hetero_serve_ray.replica.EngineReplica` actor per replica and keeps
+the model's tokenizer, which the router needs to see prompts as blocks.
+Each request is routed (:mod:`hetero_serve_ray.routing`) to a ready replica
+and streamed back delta by delta; a client that leaves cancels the stream,
+which aborts the request on its replica.
+
+Faults: a replica whose stream breaks, or that fails a health check, is
+taken out of routing at once. Requests it had not started (nothing was
+streamed to their client yet) go to another ready replica; requests in
+flight end with an error (503 before the response, an error event within a
+stream). Ray restarts the actor (``max_restarts``); routing resumes once its
+engine reports ready again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Mapping, Sequence
+
+import attrs
+import ray
+import ray.exceptions
+import structlog
+
+from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError, ValidationError
+from hetero_core.metrics import EngineMetrics
+from hetero_core.outputs import StreamDelta
+from hetero_core.params import GenerationParams
+from hetero_core.plugins import ComponentRegistry, create_plugin_manager
+from hetero_core.protocols import Tokenizer
+from hetero_core.sequence import FinishReason
+from hetero_core.server.backend import DeltaQueue
+from hetero_core.server.errors import APIError
+from hetero_serve_ray.replica import EngineReplica, ReplicaUnavailable
+from hetero_serve_ray.routing import ReplicaLoad, make_policy
+
+log = structlog.get_logger()
+
+REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)  # the process is gone or unreachable
+RESTART_POLL = 0.2  # seconds between attempts to reach a replica that is restarting
+DRAIN_POLL = 0.05
+
+
+@attrs.define(eq=False)
+class Replica:
+    """The front end's view of one replica actor."""
+
+    index: int
+    actor: Any
+    is_ready: bool = False
+    node_id: str | None = None  # the Ray node it runs on
+    load: int = 0  # outstanding tokens of the requests routed here
+    metrics: EngineMetrics | None = None  # from the last health check
+    failure: str | None = None  # why it is out of routing
+    lost: asyncio.Event = attrs.field(factory=asyncio.Event)  # set when a stream saw it die
+
+
+@attrs.define(eq=False)
+class Flight:
+    """A request between submission and its last delta."""
+
+    request_id: str
+    prompt: str | Sequence[int] | None
+    messages: Sequence[Mapping[str, Any]] | None
+    params: GenerationParams
+    token_ids: list[int]
+    queue: DeltaQueue
+    tag: int
+    open_samples: set[int]
+    cost: int  # tokens it still counts against its replica's load
+    replica: Replica | None = None
+    stream: Any = None  # the replica's ObjectRefGenerator
+    is_started: bool = False  # a delta reached the client: it can no longer move to another replica
+    task: asyncio.Task | None = None
+
+
+def _check_number(name: str, value: Any, low: float, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value < low:
+        raise ConfigError(f"ray backend option {name} must be {'an integer' if integer else 'a number'} >= {low}, got {value!r}", param=name)
+
+
+class RayBackend:
+    """Data-parallel replicas on Ray (a :class:`~hetero_core.server.backend.ServingBackend`).
+
+    :param routing: a policy of :mod:`hetero_serve_ray.routing` by name, or ``"module:factory"``.
+    :param routing_options: keyword options for the policy.
+    :param num_cpus_per_replica: CPUs Ray reserves for each replica; also its default thread count.
+    :param num_gpus_per_replica: GPUs Ray reserves for each replica (a fraction shares one).
+    :param num_threads_per_replica: ``OMP_NUM_THREADS`` in each replica (default: its CPUs, rounded up).
+    :param max_restarts: how often Ray restarts a replica that died (-1: always).
+    :param health_check_interval: seconds between checks that a ready replica still answers.
+    :param health_check_timeout: seconds a replica may take to answer one.
+    """
+
+    error_status = 503  # a replica failed: the service is degraded, another try may succeed
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        routing: str = "prefix_affinity",
+        routing_options: Mapping[str, Any] | None = None,
+        num_cpus_per_replica: float = 1,
+        num_gpus_per_replica: float = 0,
+        num_threads_per_replica: int | None = None,
+        max_restarts: int = -1,
+        health_check_interval: float = 1.0,
+        health_check_timeout: float = 10.0,
+    ) -> None:
+        _check_number("num_cpus_per_replica", num_cpus_per_replica, 0)
+        _check_number("num_gpus_per_replica", num_gpus_per_replica, 0)
+        if num_threads_per_replica is not None:
+            _check_number("num_threads_per_replica", num_threads_per_replica, 1, integer=True)
+        _check_number("max_restarts", max_restarts, -1, integer=True)
+        _check_number("health_check_interval", health_check_interval, 0.01)
+        _check_number("health_check_timeout", health_check_timeout, 0.01)
+        if not isinstance(routing, str):
+            raise ConfigError(f"ray backend option routing must be a policy name, got {routing!r}", param="routing")
+        self.config = config
+        self.policy = make_policy(routing, config.block_size, dict(routing_options or {}))
+        self.num_replicas = config.data_parallel_size
+        self._actor_options = {
+            "num_cpus": num_cpus_per_replica,
+            "num_gpus": num_gpus_per_replica,
+            "max_restarts": max_restarts,
+            "max_task_retries": 0,  # a request is never replayed behind the router's back
+            "scheduling_strategy": "SPREAD",  # one replica per node while nodes last
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads_per_replica or max(1, round(num_cpus_per_replica + 0.49)))}},
+        }
+        self.health_check_interval = health_check_interval
+        self.health_check_timeout = health_check_timeout
+        self.replicas: list[Replica] = []
+        self._flights: dict[str, Flight] = {}
+        self._tokenizer: Tokenizer | None = None
+        self._max_model_len: int | None = None
+        self._error: str | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._owns_ray = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ health
+
+    @property
+    def is_ready(self) -> bool:
+        return self._error is None and any(r.is_ready for r in self.replicas)
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self._tokenizer
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._max_model_len
+
+    def engine_metrics(self) -> dict[str, EngineMetrics]:
+        return {str(r.index): r.metrics for r in self.replicas if r.is_ready and r.metrics is not None}
+
+    def replica_of(self, request_id: str) -> int | None:
+        """The replica serving a request in flight (None when it is not routed yet or finished)."""
+        flight = self._flights.get(request_id)
+        return None if flight is None or flight.replica is None else flight.replica.index
+
+    # ------------------------------------------------------------------ starting and stopping
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._spawn(self._launch())
+
+    def _spawn(self, coroutine: Any) -> asyncio.Task:
+        assert self._loop is not None
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _launch(self) -> None:
+        try:
+            await asyncio.to_thread(self._connect)
+        except Exception as exc:  # reported by /readyz and every request
+            self._error = f"the replicas could not be started: {type(exc).__name__}: {exc}"
+            log.error("ray backend failed to start", error=self._error)
+            return
+        for replica in self.replicas:
+            self._spawn(self._watch(replica))
+
+    def _connect(self) -> None:
+        """Join (or start) the cluster, build the router's tokenizer, place the replicas."""
+        if not ray.is_initialized():
+            ray.init(address=self.config.ray_address, include_dashboard=False, log_to_driver=False)
+            self._owns_ray = True
+        pm = create_plugin_manager(disable=self.config.plugins.disable, load=self.config.plugins.load)
+        spec = self.config.tokenizer
+        self._tokenizer = ComponentRegistry(pm).create("tokenizer", spec.name, spec.options, self.config)
+        replica_config = self.config.evolve(data_parallel_size=1)
+        actor_class = ray.remote(EngineReplica)
+        self.replicas = [Replica(index, actor_class.options(**self._actor_options).remote(replica_config)) for index in range(self.num_replicas)]
+        available = ray.cluster_resources().get("CPU", 0)
+        wanted = self._actor_options["num_cpus"] * self.num_replicas
+        if wanted > available:
+            log.warning("the cluster has fewer CPUs than the replicas reserve: some wait for nodes to join", cpus=available, reserved=wanted)
+        log.info("replicas placed", replicas=self.num_replicas, address=ray.get_runtime_context().gcs_address)
+
+    def stop(self, drain_timeout: float) -> None:
+        """Let requests in flight finish (up to ``drain_timeout`` s), then end the replicas (and a cluster started here)."""
+        deadline = time.monotonic() + drain_timeout
+        while self._flights and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL)
+        if self._loop is not None and not self._loop.is_closed():
+            for task in list(self._tasks):
+                self._loop.call_soon_threadsafe(task.cancel)
+        for replica in self.replicas:
+            ray.kill(replica.actor, no_restart=True)
+        if self._owns_ray:
+            ray.shutdown()
+
+    async def _watch(self, replica: Replica) -> None:
+        """Wait for the replica's engine; then check its health until it fails, and wait for its restart."""
+        while True:
+            try:
+                info = await replica.actor.ready.remote()
+            except ray.exceptions.RayTaskError as exc:  # its engine cannot load: a restart would not help
+                replica.failure = f"replica {replica.index} cannot serve: {_cause(exc)}"
+                log.error("replica failed to load", replica=replica.index, error=replica.failure)
+                if all(r.failure is not None and not r.is_ready for r in self.replicas):
+                    self._error = replica.failure
+                return
+            except REPLICA_LOST:
+                await asyncio.sleep(RESTART_POLL)
+                continue
+            self._max_model_len, replica.node_id = info["max_model_len"], info["node_id"]
+            replica.lost.clear()
+            replica.is_ready, replica.failure = True, None
+            log.info("replica ready", replica=replica.index, node_id=replica.node_id)
+            await self._check_health(replica)
+
+    async def _check_health(self, replica: Replica) -> None:
+        """Refresh the replica's metrics every interval; return once it is lost."""
+        while replica.is_ready:
+            try:
+                replica.metrics = await asyncio.wait_for(_awaitable(replica.actor.metrics.remote()), self.health_check_timeout)
+            except ray.exceptions.RayTaskError as exc:  # alive, but its engine went out of service: restart it
+                self._lose(replica, f"out of service: {_cause(exc)}")
+                ray.kill(replica.actor, no_restart=False)
+                return
+            except (*REPLICA_LOST, asyncio.TimeoutError) as exc:
+                self._lose(replica, f"{type(exc).__name__}: {exc}")
+                return
+            try:
+                await asyncio.wait_for(replica.lost.wait(), self.health_check_interval)
+            except asyncio.TimeoutError:
+                continue
+
+    def _lose(self, replica: Replica, why: str) -> None:
+        if replica.is_ready:
+            log.warning("replica lost", replica=replica.index, error=why)
+        replica.is_ready, replica.metrics, replica.failure = False, None, why
+        replica.lost.set()
+        self.policy.forget(replica.index)
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(
+        self,
+        prompt: str | Sequence[int] | None,
+        messages: Sequence[Mapping[str, Any]] | None,
+        params: GenerationParams,
+        request_id: str,
+        queue: DeltaQueue,
+        tag: int,
+    ) -> None:
+        if self._error is not None:
+            raise APIError(503, f"the engine is unavailable: {self._error}")
+        if not self.is_ready:
+            raise APIError(503, "no replica is ready", headers={"Retry-After": "5"})
+        if request_id in self._flights:
+            raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
+        token_ids = self._prompt_tokens(prompt, messages)
+        self._check_length(len(token_ids), params)
+        flight = Flight(request_id, prompt, messages, params, token_ids, queue, tag, set(range(params.n)), len(token_ids) + params.n * params.max_tokens)
+        self._flights[request_id] = flight
+        flight.task = self._spawn(self._drive(flight))
+
+    def _prompt_tokens(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None) -> list[int]:
+        """The prompt as the engine will see it (the router keys on its blocks)."""
+        tokenizer = self._tokenizer
+        assert tokenizer is not None
+        if messages is not None:
+            return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+        if isinstance(prompt, str):
+            return tokenizer.encode(prompt)
+        return list(prompt or ())
+
+    def _check_length(self, num_prompt: int, params: GenerationParams) -> None:
+        """The engine's context check, here so that it answers 400 before routing (the replica checks everything)."""
+        if num_prompt == 0:
+            raise ValidationError("prompt must not be empty", param="prompt")
+        limit = self._max_model_len
+        if limit is not None and num_prompt + params.max_tokens > limit:
+            raise ValidationError(
+                f"prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}: together they exceed"
+                f" the maximum context length of {limit} tokens",
+                param="max_tokens" if num_prompt < limit else "prompt",
+            )
+
+    def abort(self, request_id: str) -> None:
+        """End the request now; cancelling its stream aborts it on the replica (or keeps it from starting)."""
+        flight = self._flights.get(request_id)
+        if flight is None:
+            return
+        if flight.stream is not None:
+            ray.cancel(flight.stream)
+        if flight.task is not None:
+            flight.task.cancel()
+        self._finish(flight, FinishReason.ABORT, None)
+
+    def _route(self, flight: Flight, tried: set[int]) -> Replica | None:
+        candidates = [ReplicaLoad(r.index, r.load) for r in self.replicas if r.is_ready and r.index not in tried]
+        if not candidates:
+            return None
+        return self.replicas[self.policy.choose(flight.token_ids, candidates)]
+
+    async def _drive(self, flight: Flight) -> None:
+        """Route the request and stream it back; move it if its replica dies before it started."""
+        tried: set[int] = set()
+        while flight.open_samples:
+            replica = self._route(flight, tried)
+            if replica is None:
+                why = "no replica is ready" if not tried else f"replica {max(tried)} failed and no other replica is ready"
+                self._finish(flight, FinishReason.ERROR, why)
+                return
+            tried.add(replica.index)
+            flight.replica, replica.load = replica, replica.load + flight.cost
+            try:
+                await self._stream(flight, replica)
+            except REPLICA_LOST as exc:
+                self._lose(replica, f"{type(exc).__name__}: {exc}")
+                if flight.is_started:
+                    self._finish(flight, FinishReason.ERROR, f"replica {replica.index} failed while generating; retry the request")
+                    return
+                log.info("rerouting a request its replica never started", request_id=flight.request_id, replica=replica.index)
+            except ray.exceptions.RayTaskError as exc:  # a fault inside the replica's generate, not a death
+                self._finish(flight, FinishReason.ERROR, f"replica {replica.index}: {_cause(exc)}")
+                return
+            finally:
+                replica.load -= flight.cost
+                flight.cost, flight.replica, flight.stream = len(flight.token_ids) + flight.params.n * flight.params.max_tokens, None, None
+
+    async def _stream(self, flight: Flight, replica: Replica) -> None:
+        flight.stream = replica.actor.generate.options(num_returns="streaming").remote(
+            flight.prompt, flight.messages, flight.params, flight.request_id
+        )
+        async for ref in flight.stream:
+            for delta in await ref:
+                self._deliver(flight, replica, delta)
+
+    def _deliver(self, flight: Flight, replica: Replica, delta: StreamDelta) -> None:
+        if delta.index not in flight.open_samples:
+            return
+        flight.is_started = True
+        produced = min(len(delta.token_ids), flight.cost)
+        flight.cost -= produced
+        replica.load -= produced
+        if delta.is_finished:
+            flight.open_samples.discard(delta.index)
+            if not flight.open_samples:
+                self._flights.pop(flight.request_id, None)
+        flight.queue.put_nowait((flight.tag, delta))
+
+    def _finish(self, flight: Flight, reason: FinishReason, error: str | None) -> None:
+        """End every open sample of ``flight`` here, in the front end."""
+        for index in sorted(flight.open_samples):
+            flight.queue.put_nowait((flight.tag, StreamDelta(flight.request_id, index, "", [], finish_reason=reason, error=error)))
+        flight.open_samples.clear()
+        self._flights.pop(flight.request_id, None)
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref
+
+
+def _cause(exc: ray.exceptions.RayTaskError) -> str:
+    cause = exc.cause
+    if isinstance(cause, ReplicaUnavailable):
+        return str(cause)
+    return f"{type(cause).__name__}: {cause}"
