@@ -13,6 +13,7 @@ import uvicorn
 
 from hetero_core.config import EngineConfig
 from hetero_core.server.app import API_KEY_ENV, create_app
+from hetero_core.server.backend import backend_name
 
 log = structlog.get_logger()
 
@@ -42,7 +43,7 @@ class DrainingServer(uvicorn.Server):
 def serve(config: EngineConfig) -> None:
     """Serve until SIGINT/SIGTERM; in-flight requests then get up to ``server.drain_timeout`` seconds."""
     app = create_app(config)
-    log.info("serving", host=config.server.host, port=config.server.port, backend=config.server.backend)
+    log.info("serving", host=config.server.host, port=config.server.port, backend=backend_name(config))
     if not is_loopback(config.server.host) and not (config.server.api_key or os.environ.get(API_KEY_ENV)):
         log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=config.server.host)
     uvicorn_config = uvicorn.Config(

@@ -36,6 +36,7 @@ from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
 from hetero_core.server.backend import DeltaQueue
 from hetero_core.server.errors import APIError
+from hetero_serve_ray.admission import Limits
 from hetero_serve_ray.replica import EngineReplica, ReplicaUnavailable
 from hetero_serve_ray.routing import ReplicaLoad, make_policy
 
@@ -138,7 +139,7 @@ class RayBackend:
         self.replicas: list[Replica] = []
         self._flights: dict[str, Flight] = {}
         self._tokenizer: Tokenizer | None = None
-        self._max_model_len: int | None = None
+        self._limits: Limits | None = None
         self._error: str | None = None
         self._tasks: set[asyncio.Task] = set()
         self._owns_ray = False
@@ -160,7 +161,7 @@ class RayBackend:
 
     @property
     def max_model_len(self) -> int | None:
-        return self._max_model_len
+        return None if self._limits is None else self._limits.max_model_len
 
     def engine_metrics(self) -> dict[str, EngineMetrics]:
         return {str(r.index): r.metrics for r in self.replicas if r.is_ready and r.metrics is not None}
@@ -196,7 +197,7 @@ class RayBackend:
     def _connect(self) -> None:
         """Join (or start) the cluster, build the router's tokenizer, place the replicas."""
         if not ray.is_initialized():
-            ray.init(address=self.config.ray_address, include_dashboard=False, log_to_driver=False)
+            ray.init(address=self.config.ray_address)
             self._owns_ray = True
         pm = create_plugin_manager(disable=self.config.plugins.disable, load=self.config.plugins.load)
         spec = self.config.tokenizer
@@ -237,7 +238,7 @@ class RayBackend:
             except REPLICA_LOST:
                 await asyncio.sleep(RESTART_POLL)
                 continue
-            self._max_model_len, replica.node_id = info["max_model_len"], info["node_id"]
+            self._limits, replica.node_id = Limits.of(self.config, info), info["node_id"]
             replica.lost.clear()
             replica.is_ready, replica.failure = True, None
             log.info("replica ready", replica=replica.index, node_id=replica.node_id)
@@ -285,7 +286,8 @@ class RayBackend:
         if request_id in self._flights:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
         token_ids = self._prompt_tokens(prompt, messages)
-        self._check_length(len(token_ids), params)
+        assert self._limits is not None  # set before any replica is ready
+        self._limits.check(token_ids, messages is not None or isinstance(prompt, str), params)
         flight = Flight(request_id, prompt, messages, params, token_ids, queue, tag, set(range(params.n)), len(token_ids) + params.n * params.max_tokens)
         self._flights[request_id] = flight
         flight.task = self._spawn(self._drive(flight))
@@ -299,18 +301,6 @@ class RayBackend:
         if isinstance(prompt, str):
             return tokenizer.encode(prompt)
         return list(prompt or ())
-
-    def _check_length(self, num_prompt: int, params: GenerationParams) -> None:
-        """The engine's context check, here so that it answers 400 before routing (the replica checks everything)."""
-        if num_prompt == 0:
-            raise ValidationError("prompt must not be empty", param="prompt")
-        limit = self._max_model_len
-        if limit is not None and num_prompt + params.max_tokens > limit:
-            raise ValidationError(
-                f"prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}: together they exceed"
-                f" the maximum context length of {limit} tokens",
-                param="max_tokens" if num_prompt < limit else "prompt",
-            )
 
     def abort(self, request_id: str) -> None:
         """End the request now; cancelling its stream aborts it on the replica (or keeps it from starting)."""

@@ -47,7 +47,13 @@ class EngineReplica:
             if self._backend.error is not None:
                 raise ReplicaUnavailable(self._backend.error)
             await asyncio.sleep(READY_POLL)
-        return {"max_model_len": self._backend.max_model_len, "node_id": ray.get_runtime_context().get_node_id()}
+        engine = self._backend.engine
+        return {
+            "max_model_len": engine.max_model_len,
+            "num_blocks": engine.num_blocks,
+            "vocab_size": engine.model_info.vocab_size,
+            "node_id": ray.get_runtime_context().get_node_id(),
+        }
 
     async def generate(
         self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None, params: GenerationParams, request_id: str
