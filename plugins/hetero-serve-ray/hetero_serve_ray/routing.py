@@ -40,9 +40,18 @@ class RoutingPolicy(Protocol):
         """Replica ``index`` lost its state (it died or restarted): its prefix cache is empty."""
 
 
-def least_loaded(replicas: Sequence[ReplicaLoad]) -> int:
-    """The replica with the fewest outstanding tokens; the lowest index among equals."""
-    return min(replicas, key=lambda r: (r.load, r.index)).index
+class LeastLoadedPicker:
+    """The replica with the fewest outstanding tokens; equals take turns, so idle replicas share new work."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def __call__(self, replicas: Sequence[ReplicaLoad]) -> int:
+        lowest = min(r.load for r in replicas)
+        tied = sorted(r.index for r in replicas if r.load == lowest)
+        chosen = next((index for index in tied if index >= self._next), tied[0])
+        self._next = chosen + 1
+        return chosen
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int) -> Iterator[int]:
@@ -56,8 +65,11 @@ def block_hashes(token_ids: Sequence[int], block_size: int, max_blocks: int) -> 
 class LeastLoaded:
     """Always the replica with the fewest outstanding tokens."""
 
+    def __init__(self) -> None:
+        self._least_loaded = LeastLoadedPicker()
+
     def choose(self, token_ids: Sequence[int], replicas: Sequence[ReplicaLoad]) -> int:
-        return least_loaded(replicas)
+        return self._least_loaded(replicas)
 
     def forget(self, index: int) -> None:
         pass
@@ -113,12 +125,13 @@ class PrefixAffinity:
         self.imbalance_tokens = imbalance_tokens
         self.imbalance_ratio = imbalance_ratio
         self._owner: collections.OrderedDict[int, int] = collections.OrderedDict()  # block hash -> replica index
+        self._least_loaded = LeastLoadedPicker()
 
     def choose(self, token_ids: Sequence[int], replicas: Sequence[ReplicaLoad]) -> int:
         hashes = list(block_hashes(token_ids, self.block_size, self.max_blocks))
         chosen = self._preferred(hashes, replicas)
         if chosen is None:
-            chosen = least_loaded(replicas)
+            chosen = self._least_loaded(replicas)
         self._remember(hashes, chosen)
         return chosen
 

@@ -99,3 +99,9 @@ def test_policies_by_name_and_by_path_with_options_checked() -> None:
     with pytest.raises(ConfigError, match="cannot load routing policy 'no.such.module:Policy'"):
         make_policy("no.such.module:Policy", 16, {})
     assert isinstance(make_policy("hetero_serve_ray.routing:PrefixAffinity", 4, {}), PrefixAffinity)
+
+
+def test_idle_replicas_take_turns() -> None:
+    policy = LeastLoaded()
+    assert [policy.choose([1], idle(0, 1, 2)) for _ in range(4)] == [0, 1, 2, 0]
+    assert policy.choose([1], [ReplicaLoad(0, 5), ReplicaLoad(1, 0), ReplicaLoad(2, 0)]) == 1
