@@ -54,6 +54,7 @@ class Replica:
     index: int
     actor: Any
     is_ready: bool = False
+    has_started: bool = False  # it was ready once, or failed to load
     node_id: str | None = None  # the Ray node it runs on
     load: int = 0  # outstanding tokens of the requests routed here
     metrics: EngineMetrics | None = None  # from the last health check
@@ -149,7 +150,8 @@ class RayBackend:
 
     @property
     def is_ready(self) -> bool:
-        return self._error is None and any(r.is_ready for r in self.replicas)
+        """Once every replica has started (or failed to load): while at least one of them is ready."""
+        return self._error is None and all(r.has_started for r in self.replicas) and any(r.is_ready for r in self.replicas)
 
     @property
     def error(self) -> str | None:
@@ -204,7 +206,10 @@ class RayBackend:
         self._tokenizer = ComponentRegistry(pm).create("tokenizer", spec.name, spec.options, self.config)
         replica_config = self.config.evolve(data_parallel_size=1)
         actor_class = ray.remote(EngineReplica)
-        self.replicas = [Replica(index, actor_class.options(**self._actor_options).remote(replica_config)) for index in range(self.num_replicas)]
+        log_level = structlog.get_logger().bind().get_effective_level()
+        self.replicas = [
+            Replica(index, actor_class.options(**self._actor_options).remote(replica_config, log_level)) for index in range(self.num_replicas)
+        ]
         available = ray.cluster_resources().get("CPU", 0)
         wanted = self._actor_options["num_cpus"] * self.num_replicas
         if wanted > available:
@@ -230,7 +235,7 @@ class RayBackend:
             try:
                 info = await replica.actor.ready.remote()
             except ray.exceptions.RayTaskError as exc:  # its engine cannot load: a restart would not help
-                replica.failure = f"replica {replica.index} cannot serve: {_cause(exc)}"
+                replica.failure, replica.has_started = f"replica {replica.index} cannot serve: {_cause(exc)}", True
                 log.error("replica failed to load", replica=replica.index, error=replica.failure)
                 if all(r.failure is not None and not r.is_ready for r in self.replicas):
                     self._error = replica.failure
@@ -240,7 +245,7 @@ class RayBackend:
                 continue
             self._limits, replica.node_id = Limits.of(self.config, info), info["node_id"]
             replica.lost.clear()
-            replica.is_ready, replica.failure = True, None
+            replica.is_ready, replica.has_started, replica.failure = True, True, None
             log.info("replica ready", replica=replica.index, node_id=replica.node_id)
             await self._check_health(replica)
 
@@ -281,7 +286,7 @@ class RayBackend:
     ) -> None:
         if self._error is not None:
             raise APIError(503, f"the engine is unavailable: {self._error}")
-        if not self.is_ready:
+        if not any(r.is_ready for r in self.replicas):
             raise APIError(503, "no replica is ready", headers={"Retry-After": "5"})
         if request_id in self._flights:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")

@@ -10,12 +10,14 @@ A generator the caller cancels aborts its request.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import ray
 
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
+from hetero_core.logs import configure_logging
 from hetero_core.metrics import EngineMetrics
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
@@ -34,7 +36,8 @@ class ReplicaUnavailable(RuntimeError):
 class EngineReplica:
     """Ray actor class (wrapped with ``ray.remote`` by the backend): one :class:`AsyncEngine`."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_level: int) -> None:
+        configure_logging(debug=log_level <= logging.DEBUG, quiet=log_level >= logging.WARNING)  # on stderr, as the front end's
         self._backend = AsyncEngine(config)
         self._started = False
 

@@ -193,3 +193,18 @@ def test_sigterm_drains_both_replicas(ray_cluster: str, tmp_path) -> None:
         if server.poll() is None:
             server.kill()
         print(server.stdout.read().decode()[-3000:])
+
+
+def test_replicas_that_cannot_load_make_the_server_unready_with_the_reason(ray_cluster: str) -> None:
+    options = {"num_cpus_per_replica": 0.25}
+    config = mock_config(executor={"name": "mock", "no_such_option": 1}, server={"model_name": "mock", "backend_options": options})
+    server = ReplicatedServer(config)
+    server.thread.start()
+    try:
+        wait_until(lambda: server.backend.error is not None, "the replicas report their failure", timeout=60)
+        response = httpx.get(f"{server.url}/readyz")
+        assert response.status_code == 503 and "does not accept options ['no_such_option']" in response.json()["detail"]
+        refused = complete(server, "anything")
+        assert refused.status_code == 503 and "the engine is unavailable" in refused.text
+    finally:
+        server.__exit__()
