@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import heapq
 import random
 import statistics
 import time

@@ -17,7 +17,6 @@ import pluggy
 from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
 from hetero_core.metrics import EngineMetrics
-from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import Tokenizer

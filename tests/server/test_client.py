@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import structlog
 
 from hetero_core.cli.main import build_parser
 from hetero_core.cli.options import engine_config
@@ -65,5 +66,9 @@ def test_the_data_parallel_flags_set_the_config_keys() -> None:
 def test_replicas_apply_to_serve_and_input_files_only(capsys) -> None:
     from hetero_core.cli.main import main
 
-    assert main(["--input", "hi", "--data-parallel-size", "2", "--tokenizer", "simple", "--executor", "mock"]) == 2
+    saved = structlog.get_config()  # the CLI configures logging for its process
+    try:
+        assert main(["--input", "hi", "--data-parallel-size", "2", "--tokenizer", "simple", "--executor", "mock"]) == 2
+    finally:
+        structlog.configure(**saved)
     assert "--data-parallel-size applies to serve and --input-file" in capsys.readouterr().err

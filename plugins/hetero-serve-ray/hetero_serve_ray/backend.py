@@ -36,30 +36,12 @@ from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
 from hetero_core.server.backend import DeltaQueue
 from hetero_core.server.errors import APIError
-from hetero_serve_ray.admission import Limits
-from hetero_serve_ray.replica import EngineReplica, ReplicaUnavailable
+from hetero_serve_ray.fleet import REPLICA_LOST, Fleet, Replica, cause
 from hetero_serve_ray.routing import ReplicaLoad, make_policy
 
 log = structlog.get_logger()
 
-REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)  # the process is gone or unreachable
-RESTART_POLL = 0.2  # seconds between attempts to reach a replica that is restarting
-DRAIN_POLL = 0.05
-
-
-@attrs.define(eq=False)
-class Replica:
-    """The front end's view of one replica actor."""
-
-    index: int
-    actor: Any
-    is_ready: bool = False
-    has_started: bool = False  # it was ready once, or failed to load
-    node_id: str | None = None  # the Ray node it runs on
-    load: int = 0  # outstanding tokens of the requests routed here
-    metrics: EngineMetrics | None = None  # from the last health check
-    failure: str | None = None  # why it is out of routing
-    lost: asyncio.Event = attrs.field(factory=asyncio.Event)  # set when a stream saw it die
+DRAIN_POLL = 0.05  # seconds between checks that requests in flight have finished
 
 
 @attrs.define(eq=False)
@@ -74,11 +56,16 @@ class Flight:
     queue: DeltaQueue
     tag: int
     open_samples: set[int]
-    cost: int  # tokens it still counts against its replica's load
+    cost: int = 0  # tokens it still counts against its replica's load
     replica: Replica | None = None
     stream: Any = None  # the replica's ObjectRefGenerator
     is_started: bool = False  # a delta reached the client: it can no longer move to another replica
     task: asyncio.Task | None = None
+
+    @property
+    def full_cost(self) -> int:
+        """Its load on a replica before any token: the prompt and every sample's ``max_tokens``."""
+        return len(self.token_ids) + self.params.n * self.params.max_tokens
 
 
 def _check_number(name: str, value: Any, low: float, *, integer: bool = False) -> None:
@@ -126,8 +113,7 @@ class RayBackend:
             raise ConfigError(f"ray backend option routing must be a policy name, got {routing!r}", param="routing")
         self.config = config
         self.policy = make_policy(routing, config.block_size, dict(routing_options or {}))
-        self.num_replicas = config.data_parallel_size
-        self._actor_options = {
+        actor_options = {
             "num_cpus": num_cpus_per_replica,
             "num_gpus": num_gpus_per_replica,
             "max_restarts": max_restarts,
@@ -135,27 +121,27 @@ class RayBackend:
             "scheduling_strategy": "SPREAD",  # one replica per node while nodes last
             "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads_per_replica or max(1, round(num_cpus_per_replica + 0.49)))}},
         }
-        self.health_check_interval = health_check_interval
-        self.health_check_timeout = health_check_timeout
-        self.replicas: list[Replica] = []
+        self.fleet = Fleet(config, actor_options, health_check_interval, health_check_timeout, self.policy.forget)
         self._flights: dict[str, Flight] = {}
         self._tokenizer: Tokenizer | None = None
-        self._limits: Limits | None = None
-        self._error: str | None = None
+        self._error: str | None = None  # the fleet could not be placed
         self._tasks: set[asyncio.Task] = set()
-        self._owns_ray = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ health
 
     @property
+    def replicas(self) -> list[Replica]:
+        return self.fleet.replicas
+
+    @property
     def is_ready(self) -> bool:
         """Once every replica has started (or failed to load): while at least one of them is ready."""
-        return self._error is None and all(r.has_started for r in self.replicas) and any(r.is_ready for r in self.replicas)
+        return self.error is None and all(r.has_started for r in self.replicas) and any(r.is_ready for r in self.replicas)
 
     @property
     def error(self) -> str | None:
-        return self._error
+        return self._error or self.fleet.error
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -163,15 +149,10 @@ class RayBackend:
 
     @property
     def max_model_len(self) -> int | None:
-        return None if self._limits is None else self._limits.max_model_len
+        return None if self.fleet.limits is None else self.fleet.limits.max_model_len
 
     def engine_metrics(self) -> dict[str, EngineMetrics]:
-        return {str(r.index): r.metrics for r in self.replicas if r.is_ready and r.metrics is not None}
-
-    def replica_of(self, request_id: str) -> int | None:
-        """The replica serving a request in flight (None when it is not routed yet or finished)."""
-        flight = self._flights.get(request_id)
-        return None if flight is None or flight.replica is None else flight.replica.index
+        return self.fleet.engine_metrics()
 
     # ------------------------------------------------------------------ starting and stopping
 
@@ -194,27 +175,14 @@ class RayBackend:
             log.error("ray backend failed to start", error=self._error)
             return
         for replica in self.replicas:
-            self._spawn(self._watch(replica))
+            self._spawn(self.fleet.watch(replica))
 
     def _connect(self) -> None:
-        """Join (or start) the cluster, build the router's tokenizer, place the replicas."""
-        if not ray.is_initialized():
-            ray.init(address=self.config.ray_address)
-            self._owns_ray = True
+        """Place the replicas and build the router's tokenizer."""
+        self.fleet.place()
         pm = create_plugin_manager(disable=self.config.plugins.disable, load=self.config.plugins.load)
         spec = self.config.tokenizer
         self._tokenizer = ComponentRegistry(pm).create("tokenizer", spec.name, spec.options, self.config)
-        replica_config = self.config.evolve(data_parallel_size=1)
-        actor_class = ray.remote(EngineReplica)
-        log_level = structlog.get_logger().bind().get_effective_level()
-        self.replicas = [
-            Replica(index, actor_class.options(**self._actor_options).remote(replica_config, log_level)) for index in range(self.num_replicas)
-        ]
-        available = ray.cluster_resources().get("CPU", 0)
-        wanted = self._actor_options["num_cpus"] * self.num_replicas
-        if wanted > available:
-            log.warning("the cluster has fewer CPUs than the replicas reserve: some wait for nodes to join", cpus=available, reserved=wanted)
-        log.info("replicas placed", replicas=self.num_replicas, address=ray.get_runtime_context().gcs_address)
 
     def stop(self, drain_timeout: float) -> None:
         """Let requests in flight finish (up to ``drain_timeout`` s), then end the replicas (and a cluster started here)."""
@@ -224,54 +192,7 @@ class RayBackend:
         if self._loop is not None and not self._loop.is_closed():
             for task in list(self._tasks):
                 self._loop.call_soon_threadsafe(task.cancel)
-        for replica in self.replicas:
-            ray.kill(replica.actor, no_restart=True)
-        if self._owns_ray:
-            ray.shutdown()
-
-    async def _watch(self, replica: Replica) -> None:
-        """Wait for the replica's engine; then check its health until it fails, and wait for its restart."""
-        while True:
-            try:
-                info = await replica.actor.ready.remote()
-            except ray.exceptions.RayTaskError as exc:  # its engine cannot load: a restart would not help
-                replica.failure, replica.has_started = f"replica {replica.index} cannot serve: {_cause(exc)}", True
-                log.error("replica failed to load", replica=replica.index, error=replica.failure)
-                if all(r.failure is not None and not r.is_ready for r in self.replicas):
-                    self._error = replica.failure
-                return
-            except REPLICA_LOST:
-                await asyncio.sleep(RESTART_POLL)
-                continue
-            self._limits, replica.node_id = Limits.of(self.config, info), info["node_id"]
-            replica.lost.clear()
-            replica.is_ready, replica.has_started, replica.failure = True, True, None
-            log.info("replica ready", replica=replica.index, node_id=replica.node_id)
-            await self._check_health(replica)
-
-    async def _check_health(self, replica: Replica) -> None:
-        """Refresh the replica's metrics every interval; return once it is lost."""
-        while replica.is_ready:
-            try:
-                replica.metrics = await asyncio.wait_for(_awaitable(replica.actor.metrics.remote()), self.health_check_timeout)
-            except ray.exceptions.RayTaskError as exc:  # alive, but its engine went out of service: restart it
-                self._lose(replica, f"out of service: {_cause(exc)}")
-                ray.kill(replica.actor, no_restart=False)
-                return
-            except (*REPLICA_LOST, asyncio.TimeoutError) as exc:
-                self._lose(replica, f"{type(exc).__name__}: {exc}")
-                return
-            try:
-                await asyncio.wait_for(replica.lost.wait(), self.health_check_interval)
-            except asyncio.TimeoutError:
-                continue
-
-    def _lose(self, replica: Replica, why: str) -> None:
-        if replica.is_ready:
-            log.warning("replica lost", replica=replica.index, error=why)
-        replica.is_ready, replica.metrics, replica.failure = False, None, why
-        replica.lost.set()
-        self.policy.forget(replica.index)
+        self.fleet.shutdown()
 
     # ------------------------------------------------------------------ requests
 
@@ -284,16 +205,16 @@ class RayBackend:
         queue: DeltaQueue,
         tag: int,
     ) -> None:
-        if self._error is not None:
-            raise APIError(503, f"the engine is unavailable: {self._error}")
+        if self.error is not None:
+            raise APIError(503, f"the engine is unavailable: {self.error}")
         if not any(r.is_ready for r in self.replicas):
             raise APIError(503, "no replica is ready", headers={"Retry-After": "5"})
         if request_id in self._flights:
             raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
         token_ids = self._prompt_tokens(prompt, messages)
-        assert self._limits is not None  # set before any replica is ready
-        self._limits.check(token_ids, messages is not None or isinstance(prompt, str), params)
-        flight = Flight(request_id, prompt, messages, params, token_ids, queue, tag, set(range(params.n)), len(token_ids) + params.n * params.max_tokens)
+        assert self.fleet.limits is not None  # set before any replica is ready
+        self.fleet.limits.check(token_ids, messages is not None or isinstance(prompt, str), params)
+        flight = Flight(request_id, prompt, messages, params, token_ids, queue, tag, set(range(params.n)))
         self._flights[request_id] = flight
         flight.task = self._spawn(self._drive(flight))
 
@@ -334,21 +255,22 @@ class RayBackend:
                 self._finish(flight, FinishReason.ERROR, why)
                 return
             tried.add(replica.index)
-            flight.replica, replica.load = replica, replica.load + flight.cost
+            flight.replica, flight.cost = replica, flight.full_cost
+            replica.load += flight.cost
             try:
                 await self._stream(flight, replica)
             except REPLICA_LOST as exc:
-                self._lose(replica, f"{type(exc).__name__}: {exc}")
+                self.fleet.lose(replica, f"{type(exc).__name__}: {exc}")
                 if flight.is_started:
                     self._finish(flight, FinishReason.ERROR, f"replica {replica.index} failed while generating; retry the request")
                     return
                 log.info("rerouting a request its replica never started", request_id=flight.request_id, replica=replica.index)
             except ray.exceptions.RayTaskError as exc:  # a fault inside the replica's generate, not a death
-                self._finish(flight, FinishReason.ERROR, f"replica {replica.index}: {_cause(exc)}")
+                self._finish(flight, FinishReason.ERROR, f"replica {replica.index}: {cause(exc)}")
                 return
             finally:
                 replica.load -= flight.cost
-                flight.cost, flight.replica, flight.stream = len(flight.token_ids) + flight.params.n * flight.params.max_tokens, None, None
+                flight.cost, flight.replica, flight.stream = 0, None, None
 
     async def _stream(self, flight: Flight, replica: Replica) -> None:
         flight.stream = replica.actor.generate.options(num_returns="streaming").remote(
@@ -378,13 +300,3 @@ class RayBackend:
         flight.open_samples.clear()
         self._flights.pop(flight.request_id, None)
 
-
-async def _awaitable(ref: Any) -> Any:
-    return await ref
-
-
-def _cause(exc: ray.exceptions.RayTaskError) -> str:
-    cause = exc.cause
-    if isinstance(cause, ReplicaUnavailable):
-        return str(cause)
-    return f"{type(cause).__name__}: {cause}"
