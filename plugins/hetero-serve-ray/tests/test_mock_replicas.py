@@ -115,6 +115,23 @@ def test_bad_input_is_refused_before_routing(server: ReplicatedServer) -> None:
     assert response.status_code == 400 and "prompt token ids must be integers in [0, 128)" in response.text, response.text
 
 
+def test_a_stream_whose_replica_dies_ends_with_an_error_event(server: ReplicatedServer) -> None:
+    body = {"model": "mock", "prompt": "a stream to cut", "max_tokens": 900, "temperature": 0, "stream": True}
+    events: list[str] = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+            if len(events) == 3:
+                (flight,) = server.backend._flights.values()
+                ray.kill(flight.replica.actor, no_restart=False)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert "failed while generating" in error["message"] and error["type"]
+    assert all("choices" in json.loads(event) for event in events[:-2])
+    wait_until(lambda: all(r.is_ready for r in server.backend.replicas), "the replica is back")
+
+
 def test_failover_after_a_replica_is_killed(ray_cluster: str) -> None:
     """Requests the dead replica had not started finish on the other one; nothing is lost or doubled; it restarts.
 
