@@ -101,6 +101,7 @@ class BackendClient:
         if self._loop.is_closed():
             return
         self.backend.stop(drain_timeout)
+        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
@@ -110,3 +111,11 @@ class BackendClient:
 
     def __exit__(self, *_exc: Any) -> None:
         self.close()
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel the backend's remaining tasks and let them finish, so the loop closes clean."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
