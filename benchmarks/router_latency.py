@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging(quiet=True)
     config = EngineConfig.from_mapping(MOCK)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
     print(f"{args.requests} single-token requests per measurement, load average {os.getloadavg()[0]:.1f}")
     for _ in range(args.rounds):
         with BackendClient(AsyncEngine(config)) as client:

@@ -61,8 +61,10 @@ class Fleet:
         """Join (or start) the cluster and create the actors. Blocks."""
         if not ray.is_initialized():
             # Ray runs its workers at nice 15 by default; replicas are the work itself, not background jobs
-            system_config = {"worker_niceness": 0} if self.config.ray_address is None else None
-            ray.init(address=self.config.ray_address, _system_config=system_config)
+            if self.config.ray_address is None:  # a private cluster, even where `ray start` made one
+                ray.init(address="local", _system_config={"worker_niceness": 0})
+            else:
+                ray.init(address=self.config.ray_address)
             self._owns_ray = True
         replica_config = self.config.evolve(data_parallel_size=1)
         actor_class = ray.remote(EngineReplica).options(**self.actor_options)
