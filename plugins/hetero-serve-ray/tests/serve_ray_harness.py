@@ -42,8 +42,9 @@ def free_port() -> int:
 class ReplicatedServer:
     """``create_app`` over the ``ray`` backend, served by uvicorn on a free loopback port in a thread."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, ready_timeout: float = 120.0) -> None:
         port = free_port()
+        self.ready_timeout = ready_timeout
         self.config = config.evolve(server={"host": "127.0.0.1", "port": port})
         self.backend = create_backend(self.config)
         self.app = create_app(self.config, self.backend)
@@ -53,7 +54,7 @@ class ReplicatedServer:
 
     def __enter__(self) -> ReplicatedServer:
         self.thread.start()
-        wait_until(lambda: self.all_ready(), "every replica is ready")
+        wait_until(lambda: self.all_ready(), "every replica is ready", timeout=self.ready_timeout)
         return self
 
     def all_ready(self) -> bool:

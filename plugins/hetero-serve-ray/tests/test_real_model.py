@@ -40,7 +40,8 @@ def single_engine_answers() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def server(ray_cluster: str) -> Iterator[ReplicatedServer]:
     options = {"num_cpus_per_replica": 1, "num_threads_per_replica": 1}
-    with ReplicatedServer(model_config(data_parallel_size=2, server={"model_name": "smollm2", "backend_options": options})) as running:
+    config = model_config(data_parallel_size=2, server={"model_name": "smollm2", "backend_options": options})
+    with ReplicatedServer(config, ready_timeout=480) as running:  # two model loads on a busy machine
         yield running
 
 
