@@ -33,6 +33,7 @@ EXTENSION_POINTS: dict[str, str] = {
     "cache_allocator": "register_cache_allocators",
     "executor": "register_executors",
     "structured_output": "register_structured_output_backends",
+    "serving_backend": "register_serving_backends",
 }
 # the positional arguments each point's factory takes before its options
 FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
@@ -41,6 +42,7 @@ FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "cache_allocator": ("num_blocks", "block_size"),
     "executor": ("config",),
     "structured_output": ("tokenizer",),
+    "serving_backend": ("config",),
 }
 
 
