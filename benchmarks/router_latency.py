@@ -28,6 +28,7 @@ from hetero_core.logs import configure_logging  # noqa: E402
 from hetero_core.server.async_engine import AsyncEngine  # noqa: E402
 from hetero_core.server.client import BackendClient  # noqa: E402
 from hetero_serve_ray import RayBackend  # noqa: E402
+from hetero_serve_ray.options import RayBackendOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workload import percentile  # noqa: E402
@@ -62,7 +63,7 @@ def main() -> None:
         with BackendClient(AsyncEngine(config)) as client:
             latencies(client, 20)
             local = percentile(latencies(client, args.requests), 50)
-        with BackendClient(RayBackend(config, num_cpus_per_replica=1)) as client:
+        with BackendClient(RayBackend(config, RayBackendOptions(num_cpus_per_replica=1))) as client:
             latencies(client, 20)
             replicated = percentile(latencies(client, args.requests), 50)
             actor = client.backend.replicas[0].actor

@@ -93,10 +93,7 @@ class Registration:
 def describe_options(registration: Registration) -> dict[str, dict[str, Any]]:
     """Each option: its type and default, as ``hetero-infer plugins`` shows them."""
     if registration.options is not None:
-        return {
-            f.name: {"type": _type_name(f.type), "default": None if f.default is attrs.NOTHING else f.default}
-            for f in attrs.fields(registration.options)
-        }
+        return {f.name: {"type": _type_name(f.type), "default": _default(f.default)} for f in attrs.fields(registration.options)}
     described = {}
     accepted = registration.accepted_options()
     if accepted is None:
@@ -109,6 +106,13 @@ def describe_options(registration: Registration) -> dict[str, dict[str, Any]]:
             "default": None if parameter.default is parameter.empty else parameter.default,
         }
     return described
+
+
+def _default(default: Any) -> Any:
+    """A field's default as JSON shows it: a factory's product (``{}`` for ``factory=dict``), None when there is none."""
+    if isinstance(default, attrs.Factory):
+        return None if default.takes_self else default.factory()
+    return None if default is attrs.NOTHING else default
 
 
 def _type_name(annotation: Any) -> str:

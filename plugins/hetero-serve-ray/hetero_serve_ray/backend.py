@@ -27,7 +27,7 @@ import ray.exceptions
 import structlog
 
 from hetero_core.config import EngineConfig
-from hetero_core.errors import ConfigError, ValidationError
+from hetero_core.errors import ValidationError
 from hetero_core.metrics import EngineMetrics
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
@@ -37,6 +37,7 @@ from hetero_core.sequence import FinishReason
 from hetero_core.server.backend import DeltaQueue
 from hetero_core.server.errors import APIError
 from hetero_serve_ray.fleet import REPLICA_LOST, Fleet, Replica, cause
+from hetero_serve_ray.options import RayBackendOptions
 from hetero_serve_ray.routing import ReplicaLoad, make_policy
 
 log = structlog.get_logger()
@@ -68,60 +69,29 @@ class Flight:
         return len(self.token_ids) + self.params.n * self.params.max_tokens
 
 
-def _check_number(name: str, value: Any, low: float, *, integer: bool = False) -> None:
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or value < low:
-        raise ConfigError(f"ray backend option {name} must be {'an integer' if integer else 'a number'} >= {low}, got {value!r}", param=name)
-
-
 class RayBackend:
     """Data-parallel replicas on Ray (a :class:`~hetero_core.server.backend.ServingBackend`).
 
-    :param routing: a policy of :mod:`hetero_serve_ray.routing` by name, or ``"module:factory"``.
-    :param routing_options: keyword options for the policy.
-    :param num_cpus_per_replica: CPUs Ray reserves for each replica; also its default thread count.
-    :param num_gpus_per_replica: GPUs Ray reserves for each replica (a fraction shares one).
-    :param num_threads_per_replica: ``OMP_NUM_THREADS`` in each replica (default: its CPUs, rounded up).
-    :param max_restarts: how often Ray restarts a replica that died (-1: always).
-    :param health_check_interval: seconds between checks that a ready replica still answers.
-    :param health_check_timeout: seconds a replica may take to answer one.
+    :param options: routing, resources, restarts and health checks (see
+        :class:`~hetero_serve_ray.options.RayBackendOptions`; the defaults when None).
     """
 
     error_status = 503  # a replica failed: the service is degraded, another try may succeed
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        *,
-        routing: str = "prefix_affinity",
-        routing_options: Mapping[str, Any] | None = None,
-        num_cpus_per_replica: float = 1,
-        num_gpus_per_replica: float = 0,
-        num_threads_per_replica: int | None = None,
-        max_restarts: int = -1,
-        health_check_interval: float = 1.0,
-        health_check_timeout: float = 10.0,
-    ) -> None:
-        _check_number("num_cpus_per_replica", num_cpus_per_replica, 0)
-        _check_number("num_gpus_per_replica", num_gpus_per_replica, 0)
-        if num_threads_per_replica is not None:
-            _check_number("num_threads_per_replica", num_threads_per_replica, 1, integer=True)
-        _check_number("max_restarts", max_restarts, -1, integer=True)
-        _check_number("health_check_interval", health_check_interval, 0.01)
-        _check_number("health_check_timeout", health_check_timeout, 0.01)
-        if not isinstance(routing, str):
-            raise ConfigError(f"ray backend option routing must be a policy name, got {routing!r}", param="routing")
+    def __init__(self, config: EngineConfig, options: RayBackendOptions | None = None) -> None:
+        options = options or RayBackendOptions()
         self.config = config
-        self.policy = make_policy(routing, config.block_size, dict(routing_options or {}))
+        self.policy = make_policy(options.routing, config.block_size, dict(options.routing_options))
+        num_threads = options.num_threads_per_replica or max(1, round(options.num_cpus_per_replica + 0.49))
         actor_options = {
-            "num_cpus": num_cpus_per_replica,
-            "num_gpus": num_gpus_per_replica,
-            "max_restarts": max_restarts,
+            "num_cpus": options.num_cpus_per_replica,
+            "num_gpus": options.num_gpus_per_replica,
+            "max_restarts": options.max_restarts,
             "max_task_retries": 0,  # a request is never replayed behind the router's back
             "scheduling_strategy": "SPREAD",  # one replica per node while nodes last
-            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads_per_replica or max(1, round(num_cpus_per_replica + 0.49)))}},
+            "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads)}},
         }
-        self.fleet = Fleet(config, actor_options, health_check_interval, health_check_timeout, self.policy.forget)
+        self.fleet = Fleet(config, actor_options, options.health_check_interval, options.health_check_timeout, self.policy.forget)
         self._flights: dict[str, Flight] = {}
         self._tokenizer: Tokenizer | None = None
         self._error: str | None = None  # the fleet could not be placed

@@ -7,6 +7,7 @@ from typing import Any
 from hetero_core.config import EngineConfig
 from hetero_core.server.client import BackendClient
 from hetero_serve_ray.backend import RayBackend
+from hetero_serve_ray.options import RayBackendOptions
 
 
 class DataParallelEngine(BackendClient):
@@ -16,8 +17,9 @@ class DataParallelEngine(BackendClient):
     ...     choices = engine.generate(["Hello", [{"role": "user", "content": "Hi"}]], GenerationParams(max_tokens=8))
 
     ``generate`` returns every item's choices in input order (text, token ids, finish reason,
-    prompt token count, error); ``options`` are :class:`RayBackend`'s (routing, resources, restarts).
+    prompt token count, failure); ``options`` are :class:`~hetero_serve_ray.options.RayBackendOptions`' fields
+    (routing, resources, restarts), checked the same way as in ``server.backend_options``.
     """
 
     def __init__(self, config: EngineConfig | None = None, *, ready_timeout: float = 600.0, **options: Any) -> None:
-        super().__init__(RayBackend(config or EngineConfig(), **options), ready_timeout=ready_timeout)
+        super().__init__(RayBackend(config or EngineConfig(), RayBackendOptions(**options)), ready_timeout=ready_timeout)

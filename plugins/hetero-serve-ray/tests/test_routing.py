@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
 from hetero_serve_ray.routing import LeastLoaded, PrefixAffinity, RandomRouting, ReplicaLoad, block_hashes, make_policy
 
@@ -105,3 +106,28 @@ def test_idle_replicas_take_turns() -> None:
     policy = LeastLoaded()
     assert [policy.choose([1], idle(0, 1, 2)) for _ in range(4)] == [0, 1, 2, 0]
     assert policy.choose([1], [ReplicaLoad(0, 5), ReplicaLoad(1, 0), ReplicaLoad(2, 0)]) == 1
+
+
+def test_backend_options_are_typed_and_refused_by_name_before_ray_starts() -> None:
+    from hetero_core.server.backend import create_backend
+
+    def build(options: dict) -> None:
+        create_backend(EngineConfig.from_mapping({"data_parallel_size": 2, "server": {"backend_options": options}}))
+
+    with pytest.raises(ConfigError, match="serving_backend 'ray' has no option 'bogus'; accepted: routing, routing_options"):
+        build({"bogus": 1})
+    with pytest.raises(ConfigError, match="num_cpus_per_replica must be a number in \\[0, 1024\\], got -1"):
+        build({"num_cpus_per_replica": -1})
+    with pytest.raises(ConfigError, match="max_restarts must be an integer"):
+        build({"max_restarts": 1.5})
+    with pytest.raises(ConfigError, match="routing_options must be an object"):
+        build({"routing_options": [1]})
+
+
+def test_hetero_infer_plugins_shows_the_backend_options_with_their_defaults() -> None:
+    from hetero_core.plugins import create_plugin_manager, describe_plugins
+
+    (serve_ray,) = [p for p in describe_plugins(create_plugin_manager()) if p["name"] == "serve-ray"]
+    options = serve_ray["components"]["serving_backend"]["ray"]
+    assert options["routing_options"] == {"type": "Mapping[str, Any]", "default": {}}
+    assert options["max_restarts"] == {"type": "int", "default": -1}
