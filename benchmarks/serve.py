@@ -4,11 +4,18 @@
     python benchmarks/serve.py --rate 4              # Poisson arrivals, 4 requests/s
     python benchmarks/serve.py --url http://127.0.0.1:8000 --model NAME
     python benchmarks/serve.py --compare-offline     # also the offline engine on the same workload
+    python benchmarks/serve.py --data-parallel-size 2 --threads 2   # two replicas on Ray, one thread each
 
 The workload is the standard one (seeded random token-id prompts of 16..256
 tokens, 64 new tokens each, EOS ignored). Reports request throughput, output
 tokens/s, and mean / median / p99 of time to first token (TTFT), time per
-output token (TPOT) and inter-token latency (ITL).
+output token (TPOT) and inter-token latency (ITL); then the median latency of
+single-token requests sent one at a time (``--probes``), whose difference
+between a replicated and a single-engine server is what routing and the
+actor hop add to each request.
+
+With ``--data-parallel-size N`` the server runs N replicas on a local Ray
+cluster (``hetero-serve-ray``), each with ``--threads / N`` threads.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,6 +82,18 @@ async def run_load(url: str, model: str, prompts: list[list[int]], new_tokens: i
     return results, time.perf_counter() - started
 
 
+def probe_latencies(url: str, model: str, prompt: list[int], count: int) -> list[float]:
+    """Seconds per single-token, non-streamed request, sent one after another on one connection."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "ignore_eos": True}
+    latencies = []
+    with httpx.Client(timeout=60) as client:
+        for _ in range(count):
+            started = time.perf_counter()
+            client.post(f"{url}/v1/completions", json=body).raise_for_status()
+            latencies.append(time.perf_counter() - started)
+    return latencies
+
+
 def report(results: list[dict], elapsed: float) -> float:
     output_tokens = sum(r["output_tokens"] for r in results)
     throughput = output_tokens / elapsed
@@ -96,7 +116,16 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         port = probe.getsockname()[1]
     command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--port", str(port), "--dtype", args.dtype]
     command += ["--max-num-seqs", str(args.num_requests), "--max-batch-size", str(args.num_requests), "--max-model-len", "1024"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    if args.data_parallel_size > 1:
+        threads = max(1, args.threads // args.data_parallel_size)
+        options = {"num_cpus_per_replica": threads, "num_threads_per_replica": threads}
+        config = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        json.dump({"server": {"backend_options": options}}, config)
+        config.close()
+        command += ["--config", config.name, "--data-parallel-size", str(args.data_parallel_size)]
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the local Ray cluster stays on 127.0.0.1
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -139,10 +168,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-size", type=int, default=49152, help="prompt token ids are drawn below this (default: SmolLM2's)")
     parser.add_argument("--compare-offline", action="store_true")
+    parser.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas on Ray when the benchmark starts the server")
+    parser.add_argument("--probes", type=int, default=20, help="single-token requests, one at a time, after the load")
     args = parser.parse_args()
 
     prompts = standard_prompts(args.num_requests, vocab_size=args.vocab_size, seed=args.seed)
     server = None
+    probes: list[float] = []
     url = args.url
     if url is None:
         server, url = start_server(args)
@@ -150,11 +182,14 @@ def main() -> None:
         model = args.model or httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         asyncio.run(run_load(url, model, prompts[:2], 4, None, args.seed))  # warm-up
         results, elapsed = asyncio.run(run_load(url, model, prompts, args.new_tokens, args.rate, args.seed))
+        probes = probe_latencies(url, model, prompts[0][:16], args.probes)
     finally:
         if server is not None:
             server.terminate()
             server.wait(timeout=60)
     served = report(results, elapsed)
+    if probes:
+        print(f"single-token request latency, one at a time: median {percentile(probes, 50) * 1e3:.1f} ms over {len(probes)}")
     if args.compare_offline:
         offline = offline_throughput(args, prompts)
         print(f"offline engine  {offline:.1f} output tokens/s; through the server: {served / offline:.0%} of it")

@@ -33,6 +33,7 @@ EXTENSION_POINTS: dict[str, str] = {
     "cache_allocator": "register_cache_allocators",
     "executor": "register_executors",
     "structured_output": "register_structured_output_backends",
+    "serving_backend": "register_serving_backends",
 }
 # the positional arguments each point's factory takes before its options
 FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
@@ -41,6 +42,7 @@ FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "cache_allocator": ("num_blocks", "block_size"),
     "executor": ("config",),
     "structured_output": ("tokenizer",),
+    "serving_backend": ("config",),
 }
 
 
@@ -91,10 +93,7 @@ class Registration:
 def describe_options(registration: Registration) -> dict[str, dict[str, Any]]:
     """Each option: its type and default, as ``hetero-infer plugins`` shows them."""
     if registration.options is not None:
-        return {
-            f.name: {"type": _type_name(f.type), "default": None if f.default is attrs.NOTHING else f.default}
-            for f in attrs.fields(registration.options)
-        }
+        return {f.name: {"type": _type_name(f.type), "default": _default(f.default)} for f in attrs.fields(registration.options)}
     described = {}
     accepted = registration.accepted_options()
     if accepted is None:
@@ -107,6 +106,13 @@ def describe_options(registration: Registration) -> dict[str, dict[str, Any]]:
             "default": None if parameter.default is parameter.empty else parameter.default,
         }
     return described
+
+
+def _default(default: Any) -> Any:
+    """A field's default as JSON shows it: a factory's product (``{}`` for ``factory=dict``), None when there is none."""
+    if isinstance(default, attrs.Factory):
+        return None if default.takes_self else default.factory()
+    return None if default is attrs.NOTHING else default
 
 
 def _type_name(annotation: Any) -> str:

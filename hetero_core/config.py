@@ -17,11 +17,12 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import boolean, number_in, one_of, optional
+from hetero_core.validators import boolean, number_in, optional
 
 _positive_int = number_in(1, None, integer=True, error=ConfigError)
 MAX_COUNT = 2**24  # no size, budget or queue length is sensibly larger (16,777,216)
 MAX_BLOCK_SIZE = 1024
+MAX_REPLICAS = 1024  # engine replicas of one server
 
 
 def _count(high: int = MAX_COUNT) -> Any:
@@ -36,6 +37,13 @@ def _check_name(_instance: Any, attribute: Any, value: Any) -> None:
 def _optional_name(instance: Any, attribute: Any, value: Any) -> None:
     if value is not None:
         _check_name(instance, attribute, value)
+
+
+def _options(value: Any) -> dict[str, Any]:
+    """Keyword options for a factory: an object whose keys are strings."""
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+        raise ConfigError(f"server.backend_options must be an object of named options, got {value!r}", param="server.backend_options")
+    return dict(value)
 
 
 @attrs.frozen
@@ -96,9 +104,6 @@ class PluginsConfig:
     load: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
 
-BACKENDS = ("local_engine", "command_bridge")
-
-
 @attrs.frozen
 class ServerConfig:
     """The OpenAI-compatible HTTP server (``hetero-infer serve``)."""
@@ -106,7 +111,8 @@ class ServerConfig:
     host: str = attrs.field(default="127.0.0.1", validator=_check_name)
     port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
     model_name: str | None = attrs.field(default=None, validator=_optional_name)  # the name clients use; defaults to the model file's name
-    backend: str = attrs.field(default="local_engine", validator=one_of(BACKENDS, error=ConfigError))
+    backend: str = attrs.field(default="local_engine", validator=_check_name)  # a registered serving backend's name
+    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=_options)  # keyword options for its factory
     command: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(shlex.split(v) if isinstance(v, str) else v))  # command_bridge: program and arguments
     command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
     command_concurrency: int = attrs.field(default=4, validator=_positive_int)
@@ -144,6 +150,9 @@ class EngineConfig:
     enable_chunked_prefill: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
     model: str | None = attrs.field(default=None, validator=_optional_name)  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
     seed: int = attrs.field(default=0, validator=number_in(0, 2**63 - 1, integer=True, error=ConfigError))
+    data_parallel_size: int = attrs.field(default=1, validator=_count(MAX_REPLICAS))  # engine replicas (serve and --input-file)
+    data_parallel_backend: str = attrs.field(default="ray", validator=_check_name)  # the serving backend that places them
+    ray_address: str | None = attrs.field(default=None, validator=_optional_name)  # a Ray cluster to join ("auto", "host:port"); None starts a local one
     tokenizer: ComponentSpec = _component("huggingface")
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")

@@ -103,6 +103,22 @@ def register_structured_output_backends(register: Register) -> None:
     """
 
 
+@hookspec
+def register_serving_backends(register: Register) -> None:
+    """Register serving backends: what the HTTP server and the batch front end talk to.
+
+    Called once per plugin when a server (or a replicated batch run) is built.
+
+    :param register: call ``register(name, factory)`` for each backend.
+        ``factory(config, **options)`` receives the
+        :class:`~hetero_core.config.EngineConfig` and the options of
+        ``config.server.backend_options``, and returns a
+        :class:`~hetero_core.server.backend.ServingBackend`. ``config.server.backend``
+        picks the name; with ``data_parallel_size`` above 1, ``data_parallel_backend`` does.
+    :return: nothing.
+    """
+
+
 # --------------------------------------------------------------------------- observers
 
 

@@ -26,7 +26,9 @@ examples:
   hetero-infer --input "What is the capital of France?"
   hetero-infer --chat
   hetero-infer --input-file prompts.jsonl --output-file results.jsonl
+  hetero-infer --input-file prompts.jsonl --data-parallel-size 2      (replicas on Ray: hetero-serve-ray)
   hetero-infer serve --port 8000
+  hetero-infer serve --data-parallel-size 2 [--ray-address HOST:PORT]
   hetero-infer plugins
   hetero-infer bench serve --rate 4       (also: bench throughput, bench attention; --help for each)
 """
@@ -72,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
     params = generation_params(args)
     if not (args.input or args.chat or args.input_file):
         raise ConfigError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins, bench)")
+    if config.data_parallel_size > 1:
+        if not args.input_file:
+            raise ConfigError("--data-parallel-size applies to serve and --input-file, not to --input or --chat")
+        from hetero_core.cli.replicated import replicated_batch
+
+        replicated_batch(config, args.input_file, args.output_file, params)
+        return 0
     from hetero_core.engine import InferenceEngine
 
     engine = InferenceEngine(config)

@@ -23,6 +23,8 @@ ENGINE_FLAGS = (
     "memory_threshold",
     "model",
     "seed",
+    "data_parallel_size",
+    "ray_address",
 )
 COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor", "structured_output")  # a name; the file's options stay when the name is the same
 
@@ -58,6 +60,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         ("--memory-threshold", float),
     ):
         group.add_argument(flag, type=kind)
+    group.add_argument("--data-parallel-size", type=int, help="engine replicas for serve and --input-file (default 1; above 1 needs hetero-serve-ray)")
+    group.add_argument("--ray-address", help="the Ray cluster the replicas join (host:port or 'auto'; default: start one here)")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:

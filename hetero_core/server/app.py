@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP API over one backend (the local engine or the command bridge).
+"""The OpenAI-compatible HTTP API over one serving backend (see :mod:`.backend`).
 
 Middleware runs in this order on every request: the API key (before the
 body is read), then the body's size and read-time limits; only then does
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from fastapi import FastAPI
 
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.model_source import resolve_model_path
-from hetero_core.server.async_engine import AsyncEngine
 from hetero_core.server.auth import APIKeyCheck, api_key
+from hetero_core.server.backend import ServingBackend, create_backend
 from hetero_core.server.completions import add_generation_routes
 from hetero_core.server.connections import log_resource_exhaustion_once
 from hetero_core.server.errors import install_error_handlers
@@ -39,19 +39,10 @@ def served_model_name(config: EngineConfig) -> str:
         return config.model or "default"
 
 
-def build_backend(config: EngineConfig) -> Any:
-    """The backend ``config.server.backend`` names."""
-    if config.server.backend == "command_bridge":
-        from hetero_core.server.command_bridge import CommandBridge
-
-        return CommandBridge(config.server)
-    return AsyncEngine(config)
-
-
-def create_app(config: EngineConfig, backend: Any = None) -> FastAPI:
-    """The ASGI app; ``backend`` defaults to the one ``config.server.backend`` names."""
+def create_app(config: EngineConfig, backend: ServingBackend | None = None) -> FastAPI:
+    """The ASGI app; ``backend`` defaults to the one the config names (see :func:`create_backend`)."""
     key = api_key(config.server)  # a key no client could send fails here, at start-up
-    backend = build_backend(config) if backend is None else backend
+    backend = create_backend(config) if backend is None else backend
     model_name = served_model_name(config)
     service = Service(config, backend, model_name, ServerMetrics(model_name, backend.engine_metrics))
 

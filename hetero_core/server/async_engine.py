@@ -31,6 +31,7 @@ from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
+from hetero_core.server.backend import SINGLE_ENGINE
 from hetero_core.server.errors import APIError
 
 log = structlog.get_logger()
@@ -48,7 +49,7 @@ class _InFlight:
 
 
 class AsyncEngine:
-    """The local-engine backend of the server."""
+    """The ``local_engine`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
 
     error_status = 500  # a generation that fails is the server's fault
 
@@ -72,8 +73,12 @@ class AsyncEngine:
     def tokenizer(self) -> Tokenizer | None:
         return None if self.engine is None else self.engine.tokenizer
 
-    def engine_metrics(self) -> EngineMetrics | None:
-        return None if self.engine is None else self.engine.metrics
+    @property
+    def max_model_len(self) -> int | None:
+        return None if self.engine is None else self.engine.max_model_len
+
+    def engine_metrics(self) -> dict[str, EngineMetrics]:
+        return {} if self.engine is None else {SINGLE_ENGINE: self.engine.metrics}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Build the engine (load and warm the model) and step it, on a background thread."""

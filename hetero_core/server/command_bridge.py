@@ -31,9 +31,11 @@ PASSED_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDI
 
 
 class CommandBridge:
+    """The ``command_bridge`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
+
     error_status = 502  # the program failed, not the server
     tokenizer = None
-    engine = None
+    max_model_len = None
     error: str | None = None
     is_ready = True
 
@@ -43,8 +45,8 @@ class CommandBridge:
         self._limit = asyncio.Semaphore(server.command_concurrency)
         self._runs: dict[str, concurrent.futures.Future] = {}
 
-    def engine_metrics(self) -> None:
-        return None
+    def engine_metrics(self) -> dict:
+        return {}
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

@@ -19,6 +19,7 @@ from hetero_core.batch import TokenLogprobs
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
+from hetero_core.server.backend import ServingBackend
 from hetero_core.server.errors import APIError
 from hetero_core.server.metrics import ServerMetrics
 
@@ -47,7 +48,7 @@ class Choice:
 class Generation:
     """Submits one call's inputs (each with ``params.n`` samples) and yields ``(choice, delta)`` as steps produce them."""
 
-    def __init__(self, backend: Any, metrics: ServerMetrics | None, request_id: str) -> None:
+    def __init__(self, backend: ServingBackend, metrics: ServerMetrics | None, request_id: str) -> None:
         self.backend = backend
         self.metrics = metrics
         self.request_id = request_id

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
+from hetero_core.server.backend import ServingBackend
 from hetero_core.server.errors import APIError
 from hetero_core.server.generation import Input, Prepare
 from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -19,7 +20,7 @@ from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
 CHAT_DEFAULT_MAX_TOKENS = 1024  # when the body names no limit: this, or what the context has left
 
 
-def completion_inputs(body: CompletionRequest, backend: Any, config: EngineConfig) -> Prepare:
+def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: EngineConfig) -> Prepare:
     def prepare() -> tuple[list[Input], GenerationParams]:
         inputs = [(prompt, None) for prompt in _prompts(body.prompt)]
         if len(inputs) > config.max_waiting_requests:  # it could never be queued whole
@@ -33,7 +34,7 @@ def completion_inputs(body: CompletionRequest, backend: Any, config: EngineConfi
     return prepare
 
 
-def chat_inputs(body: ChatCompletionRequest, backend: Any, config: EngineConfig) -> Prepare:
+def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: EngineConfig) -> Prepare:
     def prepare() -> tuple[list[Input], GenerationParams]:
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
@@ -42,10 +43,10 @@ def chat_inputs(body: ChatCompletionRequest, backend: Any, config: EngineConfig)
         messages = [message.to_template() for message in body.messages]
         prompt: Sequence[int] | None = None
         context_left = CHAT_DEFAULT_MAX_TOKENS
-        if backend.tokenizer is not None and backend.engine is not None:  # encode once, here
+        if backend.tokenizer is not None and backend.max_model_len is not None:  # encode once, here
             text = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
             prompt = backend.tokenizer.encode(text, add_special_tokens=False)
-            context_left = backend.engine.max_model_len - len(prompt)
+            context_left = backend.max_model_len - len(prompt)
         max_tokens = body.requested_max_tokens
         if max_tokens is None:
             max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, context_left))
@@ -67,7 +68,7 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _check_request_size(num_inputs: int, params: GenerationParams, backend: Any, config: EngineConfig) -> None:
+def _check_request_size(num_inputs: int, params: GenerationParams, backend: ServingBackend, config: EngineConfig) -> None:
     limit = config.server.max_choices_per_request
     if num_inputs * params.n > limit:
         raise APIError(

@@ -7,63 +7,68 @@ observed by the request handlers as tokens reach the client.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from hetero_core.metrics import EngineMetrics
+from hetero_core.server.backend import SINGLE_ENGINE
 from hetero_core.sequence import FinishReason
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
-class EngineCollector(Collector):
-    """Exports the engine's counters and gauges when Prometheus scrapes."""
+GAUGES = (
+    ("vllm:num_requests_running", "Sequences holding KV blocks.", "num_running"),
+    ("vllm:num_requests_waiting", "Sequences waiting for admission.", "num_waiting"),
+    ("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", "kv_cache_usage"),
+    ("vllm:gpu_cache_usage_perc", "Fraction of KV blocks in use (older name).", "kv_cache_usage"),
+)
+COUNTERS = (
+    ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
+    ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits"),
+    ("vllm:prompt_tokens", "Prompt tokens submitted.", "prompt_tokens"),
+    ("vllm:generation_tokens", "Tokens generated.", "generation_tokens"),
+    ("vllm:num_preemptions", "Sequences preempted.", "num_preemptions"),
+)
 
-    def __init__(self, model_name: str, metrics: Callable[[], EngineMetrics | None]) -> None:
+
+class EngineCollector(Collector):
+    """Exports the engines' counters and gauges when Prometheus scrapes; replicas get a ``replica`` label."""
+
+    def __init__(self, model_name: str, metrics: Callable[[], Mapping[str, EngineMetrics]]) -> None:
         self.model_name = model_name
         self.metrics = metrics
 
     def collect(self) -> Iterator:
-        metrics = self.metrics()
-        if metrics is None:
+        by_replica = self.metrics()
+        if not by_replica:
             return
-        labels = ["model_name"]
-        value = [self.model_name]
+        replicated = SINGLE_ENGINE not in by_replica
+        labels = ["model_name", "replica"] if replicated else ["model_name"]
 
-        def gauge(name: str, doc: str, amount: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=labels)
-            family.add_metric(value, amount)
-            return family
+        def values(replica: str) -> list[str]:
+            return [self.model_name, replica] if replicated else [self.model_name]
 
-        def counter(name: str, doc: str, amount: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=labels)
-            family.add_metric(value, amount)
-            return family
-
-        yield gauge("vllm:num_requests_running", "Sequences holding KV blocks.", metrics.num_running)
-        yield gauge("vllm:num_requests_waiting", "Sequences waiting for admission.", metrics.num_waiting)
-        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", metrics.kv_cache_usage)
-        yield gauge("vllm:gpu_cache_usage_perc", "Fraction of KV blocks in use (older name).", metrics.kv_cache_usage)
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", metrics.prefix_cache_queries)
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", metrics.prefix_cache_hits)
-        yield counter("vllm:prompt_tokens", "Prompt tokens submitted.", metrics.prompt_tokens)
-        yield counter("vllm:generation_tokens", "Tokens generated.", metrics.generation_tokens)
-        yield counter("vllm:num_preemptions", "Sequences preempted.", metrics.num_preemptions)
-        finished = CounterMetricFamily(
-            "vllm:request_success", "Finished requests by finish reason.", labels=["model_name", "finished_reason"]
-        )
-        for reason in FinishReason:
-            finished.add_metric([self.model_name, reason.value], metrics.requests_finished[reason])
+        for family_type, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
+            for name, doc, field in table:
+                family = family_type(name, doc, labels=labels)
+                for replica, metrics in by_replica.items():
+                    family.add_metric(values(replica), getattr(metrics, field))
+                yield family
+        finished = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.", labels=[*labels, "finished_reason"])
+        for replica, metrics in by_replica.items():
+            for reason in FinishReason:
+                finished.add_metric([*values(replica), reason.value], metrics.requests_finished[reason])
         yield finished
 
 
 class ServerMetrics:
     """The app's registry: engine counters plus latency histograms."""
 
-    def __init__(self, model_name: str, metrics: Callable[[], EngineMetrics | None]) -> None:
+    def __init__(self, model_name: str, metrics: Callable[[], Mapping[str, EngineMetrics]]) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(model_name, metrics))
         self.model_name = model_name

@@ -41,9 +41,8 @@ def add_routes(app: FastAPI, service: Service) -> None:
 
     def model_card() -> dict[str, Any]:
         card: dict[str, Any] = {"id": service.model_name, "object": "model", "created": service.started, "owned_by": "hetero-infer"}
-        engine = getattr(service.backend, "engine", None)
-        if engine is not None:
-            card["max_model_len"] = engine.max_model_len
+        if service.backend.max_model_len is not None:
+            card["max_model_len"] = service.backend.max_model_len
         return card
 
     @app.get("/v1/models")
@@ -75,7 +74,7 @@ def add_routes(app: FastAPI, service: Service) -> None:
         else:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
         tokens = await asyncio.to_thread(encode)
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": service.backend.engine.max_model_len}
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": service.backend.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:

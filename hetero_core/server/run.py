@@ -25,6 +25,7 @@ from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.server.app import create_app
 from hetero_core.server.auth import api_key
+from hetero_core.server.backend import backend_name
 from hetero_core.server.connections import bounded_protocol, fit_to_file_limit
 from hetero_core.server.errors import APIError
 
@@ -101,7 +102,7 @@ class Server(uvicorn.Server):
 def serve(config: EngineConfig) -> None:
     """Serve until SIGINT/SIGTERM; raise ``EngineError`` if the backend fails."""
     app = create_app(config)
-    log.info("serving", host=config.server.host, port=config.server.port, backend=config.server.backend)
+    log.info("serving", host=config.server.host, port=config.server.port, backend=backend_name(config))
     if not is_loopback(config.server.host) and api_key(config.server) is None:
         log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=config.server.host)
     server = Server(app, config, log_level="warning")

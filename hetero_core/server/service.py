@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import attrs
 
 from hetero_core.config import EngineConfig
+from hetero_core.server.backend import ServingBackend
 from hetero_core.server.errors import APIError
 from hetero_core.server.generation import Generation
 from hetero_core.server.metrics import ServerMetrics
@@ -16,13 +16,13 @@ from hetero_core.server.metrics import ServerMetrics
 @attrs.define
 class Service:
     config: EngineConfig
-    backend: Any
+    backend: ServingBackend
     model_name: str
     metrics: ServerMetrics
     live: set[Generation] = attrs.field(factory=set)  # generations whose client is still waiting
     started: int = attrs.field(factory=lambda: int(time.time()))  # the model cards' ``created``
 
-    def ready_backend(self, requested_model: str | None) -> Any:
+    def ready_backend(self, requested_model: str | None) -> ServingBackend:
         """The backend, if it serves ``requested_model`` and can take a request now; else the APIError saying why."""
         if requested_model is not None and requested_model != self.model_name:
             raise APIError(

@@ -1,0 +1,147 @@
+"""The replica actors: placed on the cluster, watched, taken out of routing when lost, back when Ray restarts them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import attrs
+import ray
+import ray.exceptions
+import structlog
+
+from hetero_core.config import EngineConfig
+from hetero_core.metrics import EngineMetrics
+from hetero_serve_ray.admission import Limits
+from hetero_serve_ray.replica import EngineReplica, ReplicaUnavailable
+
+log = structlog.get_logger()
+
+REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)  # the process is gone or unreachable
+RESTART_POLL = 0.2  # seconds between attempts to reach a replica that is restarting
+
+
+@attrs.define(eq=False)
+class Replica:
+    """The front end's view of one replica actor."""
+
+    index: int
+    actor: Any
+    is_ready: bool = False
+    has_started: bool = False  # it was ready once, or failed to load
+    node_id: str | None = None  # the Ray node it runs on
+    load: int = 0  # outstanding tokens of the requests routed here
+    metrics: EngineMetrics | None = None  # from the last health check
+    failure: str | None = None  # why it is out of routing
+    lost: asyncio.Event = attrs.field(factory=asyncio.Event)  # set when a stream saw it die
+
+
+class Fleet:
+    """``config.data_parallel_size`` replicas of ``config``'s engine.
+
+    :param actor_options: Ray actor options (resources, restarts, placement, runtime environment).
+    :param on_lost: called with a replica's index when it leaves routing.
+    """
+
+    def __init__(
+        self, config: EngineConfig, actor_options: dict[str, Any], health_check_interval: float, health_check_timeout: float,
+        on_lost: Callable[[int], None],
+    ) -> None:
+        self.config = config
+        self.actor_options = actor_options
+        self.health_check_interval = health_check_interval
+        self.health_check_timeout = health_check_timeout
+        self.on_lost = on_lost
+        self.replicas: list[Replica] = []
+        self.limits: Limits | None = None  # what the engines admit, from the first replica ready
+        self.error: str | None = None  # set when no replica can ever serve
+        self._owns_ray = False
+
+    def place(self) -> None:
+        """Join (or start) the cluster and create the actors. Blocks."""
+        if not ray.is_initialized():
+            # Ray runs its workers at nice 15 by default; replicas are the work itself, not background jobs
+            if self.config.ray_address is None:  # a private cluster, even where `ray start` made one
+                ray.init(address="local", _system_config={"worker_niceness": 0})
+            else:
+                ray.init(address=self.config.ray_address)
+            self._owns_ray = True
+        replica_config = self.config.evolve(data_parallel_size=1)
+        actor_class = ray.remote(EngineReplica).options(**self.actor_options)
+        log_level = structlog.get_logger().bind().get_effective_level()  # replicas log like the front end
+        self.replicas = [Replica(index, actor_class.remote(replica_config, log_level)) for index in range(self.config.data_parallel_size)]
+        available = ray.cluster_resources().get("CPU", 0)
+        wanted = self.actor_options["num_cpus"] * len(self.replicas)
+        if wanted > available:
+            log.warning("the cluster has fewer CPUs than the replicas reserve: some wait for nodes to join", cpus=available, reserved=wanted)
+        log.info("replicas placed", replicas=len(self.replicas), address=ray.get_runtime_context().gcs_address)
+
+    def shutdown(self) -> None:
+        """End the actors, and the cluster if :meth:`place` started it. Blocks."""
+        for replica in self.replicas:
+            ray.kill(replica.actor, no_restart=True)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.replicas if r.is_ready]
+
+    def engine_metrics(self) -> dict[str, EngineMetrics]:
+        return {str(r.index): r.metrics for r in self.replicas if r.is_ready and r.metrics is not None}
+
+    async def watch(self, replica: Replica) -> None:
+        """Wait for the replica's engine; then check its health until it is lost, and wait for its restart."""
+        while True:
+            try:
+                info = await replica.actor.ready.remote()
+            except ray.exceptions.RayTaskError as exc:  # its engine cannot load: a restart would not help
+                replica.failure, replica.has_started = f"replica {replica.index} cannot serve: {cause(exc)}", True
+                log.error("replica failed to load", replica=replica.index, error=replica.failure)
+                if all(r.failure is not None and not r.is_ready for r in self.replicas):
+                    self.error = replica.failure
+                return
+            except REPLICA_LOST:
+                await asyncio.sleep(RESTART_POLL)
+                continue
+            self.limits, replica.node_id = Limits.of(self.config, info), info["node_id"]
+            replica.lost.clear()
+            replica.is_ready, replica.has_started, replica.failure = True, True, None
+            log.info("replica ready", replica=replica.index, node_id=replica.node_id)
+            await self._check_health(replica)
+
+    async def _check_health(self, replica: Replica) -> None:
+        """Refresh the replica's metrics every interval; return once it is lost."""
+        while replica.is_ready:
+            try:
+                replica.metrics = await asyncio.wait_for(_awaitable(replica.actor.metrics.remote()), self.health_check_timeout)
+            except ray.exceptions.RayTaskError as exc:  # alive, but its engine went out of service: restart it
+                self.lose(replica, f"out of service: {cause(exc)}")
+                ray.kill(replica.actor, no_restart=False)
+                return
+            except (*REPLICA_LOST, asyncio.TimeoutError) as exc:
+                self.lose(replica, f"{type(exc).__name__}: {exc}")
+                return
+            try:
+                await asyncio.wait_for(replica.lost.wait(), self.health_check_interval)
+            except asyncio.TimeoutError:
+                continue
+
+    def lose(self, replica: Replica, why: str) -> None:
+        """Take the replica out of routing (its watcher then waits for Ray to restart it)."""
+        if replica.is_ready:
+            log.warning("replica lost", replica=replica.index, error=why)
+        replica.is_ready, replica.metrics, replica.failure = False, None, why
+        replica.lost.set()
+        self.on_lost(replica.index)
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref
+
+
+def cause(exc: ray.exceptions.RayTaskError) -> str:
+    """What a replica raised, in words."""
+    raised = exc.cause
+    if isinstance(raised, ReplicaUnavailable):
+        return str(raised)
+    return f"{type(raised).__name__}: {raised}"
