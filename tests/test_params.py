@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hetero_core.errors import ValidationError
 from hetero_core.params import GenerationParams
@@ -98,6 +98,7 @@ json_values = st.recursive(
 )
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(values=st.dictionaries(st.sampled_from(sorted(attrs.fields_dict(GenerationParams))), json_values, max_size=4))
 def test_any_json_is_either_valid_params_or_a_validation_error(values) -> None:
     """What a client can send never surfaces as a TypeError or an AttributeError."""

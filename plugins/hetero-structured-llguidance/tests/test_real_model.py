@@ -75,13 +75,14 @@ def test_json_schemas_greedy_and_sampled(engine) -> None:
 
 def test_any_json_object_regex_and_choice(engine) -> None:
     pattern = r"\d{3}-\d{4}"
+    cat = [{"role": "user", "content": "Give me a JSON object with a cat's name and age."}]
+    (obj,) = run_all(engine, [(cat, GenerationParams(max_tokens=200, temperature=0.0, structured_output=StructuredOutput.json_object()))])
+    assert obj.finish_reason is FinishReason.STOP and isinstance(json.loads(obj.output_text), dict)
     submissions = [
-        ([{"role": "user", "content": "Describe a cat as a JSON object."}], GenerationParams(max_tokens=200, temperature=0.0, structured_output=StructuredOutput.json_object())),
         ([{"role": "user", "content": "Give a phone number."}], GenerationParams(max_tokens=20, temperature=1.0, n=3, seed=1, structured_output=StructuredOutput.regex(pattern))),
         ([{"role": "user", "content": "Is the sky blue? Answer yes or no."}], GenerationParams(max_tokens=20, temperature=1.0, n=3, seed=2, structured_output=StructuredOutput.choice(["yes", "no"]))),
     ]
-    obj, phone, answer = run_all(engine, submissions)
-    assert isinstance(json.loads(obj.output_text), dict)
+    phone, answer = run_all(engine, submissions)
     assert all(re.fullmatch(pattern, o.text) for o in phone.outputs), [o.text for o in phone.outputs]
     assert {o.text for o in answer.outputs} <= {"yes", "no"}
 
