@@ -196,7 +196,9 @@ class EngineConfig:
             return value.to_json() if isinstance(value, ComponentSpec) else list(value) if isinstance(value, tuple) else value
 
         return attrs.asdict(self, recurse=True, value_serializer=convert, filter=lambda a, v: not isinstance(v, ComponentSpec)) | {
-            f: getattr(self, f).to_json() for f in ("tokenizer", "scheduler", "cache_allocator", "executor")
+            field.name: getattr(self, field.name).to_json()
+            for field in attrs.fields(EngineConfig)
+            if isinstance(getattr(self, field.name), ComponentSpec)
         }
 
 
