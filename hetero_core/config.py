@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import boolean, number_in, optional
+from hetero_core.validators import boolean, named_options, number_in, optional
 
 _positive_int = number_in(1, None, integer=True, error=ConfigError)
 MAX_COUNT = 2**24  # no size, budget or queue length is sensibly larger (16,777,216)
@@ -37,13 +37,6 @@ def _check_name(_instance: Any, attribute: Any, value: Any) -> None:
 def _optional_name(instance: Any, attribute: Any, value: Any) -> None:
     if value is not None:
         _check_name(instance, attribute, value)
-
-
-def _options(value: Any) -> dict[str, Any]:
-    """Keyword options for a factory: an object whose keys are strings."""
-    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
-        raise ConfigError(f"server.backend_options must be an object of named options, got {value!r}", param="server.backend_options")
-    return dict(value)
 
 
 @attrs.frozen
@@ -112,7 +105,7 @@ class ServerConfig:
     port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
     model_name: str | None = attrs.field(default=None, validator=_optional_name)  # the name clients use; defaults to the model file's name
     backend: str = attrs.field(default="local_engine", validator=_check_name)  # a registered serving backend's name
-    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=_options)  # keyword options for its factory
+    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=named_options("server.backend_options"))  # keyword options for its factory
     command: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(shlex.split(v) if isinstance(v, str) else v))  # command_bridge: program and arguments
     command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
     command_concurrency: int = attrs.field(default=4, validator=_positive_int)

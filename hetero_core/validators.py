@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from hetero_core.errors import EngineError, ValidationError
+from hetero_core.errors import ConfigError, EngineError, ValidationError
 
 Validator = Callable[[Any, Any, Any], None]
 
@@ -68,3 +68,14 @@ def one_of(choices: tuple[str, ...], *, error: type[EngineError] = ValidationErr
             )
 
     return check
+
+
+def named_options(param: str) -> Callable[[Any], dict[str, Any]]:
+    """An attrs converter for keyword options: an object whose keys are strings (``ConfigError`` naming ``param``)."""
+
+    def convert(value: Any) -> dict[str, Any]:
+        if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+            raise ConfigError(f"{param} must be an object of named options, got {value!r}", param=param)
+        return dict(value)
+
+    return convert

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import number_in, optional
+from hetero_core.validators import named_options, number_in, optional
 
 MAX_SECONDS = 3600.0
 
@@ -15,12 +15,6 @@ MAX_SECONDS = 3600.0
 def _routing_name(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{attribute.name} must be a policy name or 'package.module:factory', got {value!r}", param=attribute.name)
-
-
-def _named_options(value: Any) -> dict[str, Any]:
-    if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
-        raise ConfigError(f"routing_options must be an object of named options, got {value!r}", param="routing_options")
-    return dict(value)
 
 
 @attrs.frozen
@@ -38,7 +32,7 @@ class RayBackendOptions:
     """
 
     routing: str = attrs.field(default="prefix_affinity", validator=_routing_name)
-    routing_options: Mapping[str, Any] = attrs.field(factory=dict, converter=_named_options)
+    routing_options: Mapping[str, Any] = attrs.field(factory=dict, converter=named_options("routing_options"))
     num_cpus_per_replica: float = attrs.field(default=1, validator=number_in(0, 1024, error=ConfigError))
     num_gpus_per_replica: float = attrs.field(default=0, validator=number_in(0, 64, error=ConfigError))
     num_threads_per_replica: int | None = attrs.field(default=None, validator=optional(number_in(1, 1024, integer=True, error=ConfigError)))
