@@ -103,10 +103,11 @@ class MockExecutor:
                 continue
             num_tokens = seq.start_position + len(seq.token_ids)
             context = [self._slots[self._slot(seq, p)] for p in range(num_tokens)]
-            token_id = self._next_token(context, seq)
+            candidates = self._candidates(seq)
+            token_id = self._next_token(context, seq, candidates)
             sampled[seq.seq_id] = token_id
             if seq.params.logprobs is not None:
-                logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs, self._candidates(seq))
+                logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs, candidates)
         self.num_executed_batches += 1
         if self._step_latency:
             time.sleep(self._step_latency)
@@ -119,10 +120,9 @@ class MockExecutor:
         block = seq.block_table[position // self._block_size]
         return block * self._block_size + position % self._block_size
 
-    def _next_token(self, context: list[int], seq: ScheduledSequence) -> int:
+    def _next_token(self, context: list[int], seq: ScheduledSequence, candidates: list[int] | None) -> int:
         digest = hashlib.blake2b(repr((context, seq.seed)).encode(), digest_size=8).digest()
         value = int.from_bytes(digest, "little")
-        candidates = self._candidates(seq)
         wants_eos = value & 0xFFFFFFFF < self._eos_threshold
         if candidates is None:
             return self._eos_token_id if wants_eos else (value >> 32) % self._info.vocab_size
