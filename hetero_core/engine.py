@@ -16,20 +16,20 @@ raise are logged with their plugin's name and change nothing.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-import uuid
 from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceOf
 
 import pluggy
 
 from hetero_core.admission import Admission
-from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence
-from hetero_core.boundary import block_table_problem
+from hetero_core.batch import ExecutionOutput
+from hetero_core.batch_builder import BatchBuilder
 from hetero_core.config import EngineConfig
 from hetero_core.execution import BatchRunner
 from hetero_core.errors import ConfigError, EngineError, SchedulerError, ValidationError
+from hetero_core.grammars import Grammars
+from hetero_core.inbox import Inbox
 from hetero_core.logs import get_logger
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
@@ -40,8 +40,7 @@ from hetero_core.observers import Observers
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import CacheAllocator, Executor, SchedulerPolicy, Tokenizer
 from hetero_core.scheduler import Scheduler, SchedulerOutput
-from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
-from hetero_core.structured_output import StructuredOutput, StructuredOutputBackend, new_bitmask
+from hetero_core.sequence import FinishReason, Request, Sequence
 
 log = get_logger(__name__)
 
@@ -90,17 +89,14 @@ class InferenceEngine:
         self.runner = BatchRunner(
             self.executor, self.plugin_names["executor"], self.model_info.vocab_size, config.max_retry_attempts, self.metrics
         )
-        self._requests: dict[str, Request] = {}
-        self._inbox: list[Request] = []
-        self._aborts: list[str] = []
+        self.inbox = Inbox(config.max_waiting_requests)
+        self.grammars = Grammars(config, registry, self.tokenizer)
+        self.batches = BatchBuilder(config.block_size, self.num_blocks, self.plugin_names["cache_allocator"], self.grammars)
         self._broken_callbacks: list[Request] = []
-        self._lock = threading.Lock()
         self._step_lock = threading.Lock()
-        self._grammars: StructuredOutputBackend | None = None  # built by the first request that asks for structured output
-        self._grammars_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._closed = False
         self._leak_reported = False
-        self._arrivals = itertools.count()
         hook = self.plugin_manager.hook
         self._step_observers = Observers(hook.on_step_finished)
         self._finish_observers = Observers(hook.on_request_finished)
@@ -196,70 +192,18 @@ class InferenceEngine:
         self, prompt_text: str, token_ids: list[int], params: GenerationParams, request_id: str | None, on_output: OnOutput | None
     ) -> str:
         self.admission.check_fits(token_ids, params)
-        grammar = None if params.structured_output is None else self._compile(params.structured_output)
-        with self._lock:
-            request_id = request_id or uuid.uuid4().hex
-            if request_id in self._requests:
-                raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
-            if len(self.scheduler.waiting) + len(self._inbox) >= self.config.max_waiting_requests:
-                raise SchedulerError(f"the waiting queue is full ({self.config.max_waiting_requests} requests)")
-            request = Request(
-                request_id=request_id,
-                prompt_text=prompt_text,
-                prompt_token_ids=token_ids,
-                params=params,
-                arrival_index=next(self._arrivals),
-                arrival_time=time.monotonic(),
-                on_output=on_output,
-                grammar=grammar,
-            )
-            self._requests[request_id] = request
-            self._inbox.append(request)
-        return request_id
-
-    def _compile(self, constraint: StructuredOutput) -> Any:
-        """The compiled grammar of a request's constraint (``ValidationError`` when it cannot be compiled)."""
-        backend = self.structured_output_backend()
-        try:
-            return backend.compile(constraint)
-        except EngineError:
-            raise
-        except Exception as exc:  # a fault of the backend, not of the request
-            plugin = self.plugin_names["structured_output"]
-            log.error("structured-output backend failed to compile", plugin=plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-            raise ExecutionError(f"structured-output plugin {plugin!r} failed to compile the constraint (details in the log)") from exc
-
-    def structured_output_backend(self) -> StructuredOutputBackend:
-        """The grammar engine named by ``config.structured_output``, built on first use (``ConfigError`` if not installed)."""
-        with self._grammars_lock:
-            if self._grammars is None:
-                spec = self.config.structured_output
-                self.plugin_names["structured_output"] = self._registry.get("structured_output", spec.name).plugin
-                self._grammars = self._registry.create("structured_output", spec.name, spec.options, self.tokenizer)
-            return self._grammars
-
-    def _withdraw(self, request_ids: list[str]) -> None:
-        """Forget requests still in the inbox, as if never submitted (the stepping thread's own, not yet taken)."""
-        with self._lock:
-            withdrawn = set(request_ids)
-            self._inbox = [r for r in self._inbox if r.request_id not in withdrawn]
-            for request_id in withdrawn:
-                self._requests.pop(request_id, None)
+        grammar = None if params.structured_output is None else self.grammars.compile(params.structured_output)
+        num_waiting = lambda: len(self.scheduler.waiting)  # noqa: E731
+        return self.inbox.put(prompt_text, token_ids, params, request_id, on_output, grammar, num_waiting)
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its blocks are freed at the next step. False if it is unknown or finished."""
-        with self._lock:
-            request = self._requests.get(request_id)
-            if request is None or request.is_finished:
-                return False
-            self._aborts.append(request_id)
-            return True
+        return self.inbox.abort(request_id)
 
     # ------------------------------------------------------------------ stepping
 
     def has_pending_work(self) -> bool:
-        with self._lock:
-            return bool(self._inbox or self._aborts or self.scheduler.has_unfinished())
+        return self.inbox.has_pending() or self.scheduler.has_unfinished()
 
     def step(self) -> list[CompletedRequest]:
         """Run one scheduling step and return the requests that finished in it."""
@@ -281,7 +225,7 @@ class InferenceEngine:
         self._take_inbox(finished)
         plan = self.scheduler.schedule()
         if plan.work:
-            batch, problems = self._batch(plan)
+            batch, problems = self.batches.build(plan)
             output, failures = self.runner.run(batch)
             self._process(plan, output, problems | failures, finished)
         self._end_broken_callbacks(finished)
@@ -290,67 +234,15 @@ class InferenceEngine:
         return completed
 
     def _take_inbox(self, finished: list[Request]) -> None:
-        with self._lock:
-            new, self._inbox = self._inbox, []
-            aborts, self._aborts = self._aborts, []
+        new, aborted = self.inbox.take()
         for request in new:
-            seq = Sequence(
-                seq_id=self.scheduler.new_seq_id(),
-                request=request,
-                index=0,
-                token_ids=list(request.prompt_token_ids),
-                num_prompt_tokens=len(request.prompt_token_ids),
-                pending_forks=request.params.n - 1,
-            )
-            request.sequences.append(seq)
+            seq = request.start(self.scheduler.new_seq_id())
             self.scheduler.add(seq)
             self.metrics.requests_submitted += 1
             self.metrics.prompt_tokens += seq.num_prompt_tokens
-        for request_id in aborts:
-            request = self._requests.get(request_id)
-            if request is not None and not request.is_finished:
+        for request in aborted:
+            if not request.is_finished:
                 self._end_request(request, FinishReason.ABORT, finished)
-
-    def _batch(self, plan: SchedulerOutput) -> tuple[ExecutionBatch, dict[int, str]]:
-        """The step's batch, and why any of its sequences cannot run (a block table that cannot hold it)."""
-        sequences, problems = [], {}
-        allocator_plugin = self.plugin_names["cache_allocator"]
-        for work in plan.work:
-            seq = work.seq
-            scheduled = ScheduledSequence(
-                seq_id=seq.seq_id,
-                token_ids=seq.token_ids[seq.num_computed_tokens : seq.num_computed_tokens + work.num_new_tokens],
-                start_position=seq.num_computed_tokens,
-                block_table=self.allocator.block_table(seq.seq_id),
-                do_sample=work.do_sample,
-                params=seq.request.params,
-                all_token_ids=seq.token_ids,
-                num_prompt_tokens=seq.num_prompt_tokens,
-                seed=seq.sampling_seed,
-            )
-            problem = block_table_problem(scheduled, self.config.block_size, self.num_blocks, allocator_plugin)
-            if problem is None and work.do_sample and seq.request.grammar is not None:
-                problem = self._constrain(seq, scheduled)
-            if problem is None:
-                sequences.append(scheduled)
-            else:
-                log.error("invalid block table", plugin=allocator_plugin, problem=problem)
-                problems[seq.seq_id] = problem
-        return ExecutionBatch(sequences, block_size=self.config.block_size, block_copies=plan.block_copies), problems
-
-    def _constrain(self, seq: Sequence, scheduled: ScheduledSequence) -> str | None:
-        """Give a structured-output sample its allowed next tokens; why it cannot have them, if so."""
-        try:
-            if seq.matcher is None:
-                seq.matcher = self._grammars.new_matcher(seq.request.grammar)
-            bitmask = new_bitmask(1, self.tokenizer.vocab_size)
-            seq.matcher.fill_bitmask(bitmask, 0)
-        except Exception as exc:  # the grammar engine's fault: this sample fails alone
-            plugin = self.plugin_names["structured_output"]
-            log.error("structured-output matcher failed", plugin=plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-            return f"structured-output plugin {plugin!r} could not compute the allowed tokens"
-        scheduled.allowed_tokens = bitmask[0]
-        return None
 
     def _fail_request(self, request: Request, message: str, finished: list[Request]) -> None:
         if not request.is_finished:
@@ -366,7 +258,7 @@ class InferenceEngine:
             if problem is not None:
                 self._fail_request(seq.request, problem, finished)
                 continue
-            seq.num_computed_tokens += work.num_new_tokens
+            seq.advance(work.num_new_tokens)
             if work.do_sample:
                 token_id = output.sampled_token_ids[seq.seq_id]
                 if seq.matcher is not None and not seq.matcher.accept_token(token_id):
@@ -380,8 +272,8 @@ class InferenceEngine:
                 logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
                 self.outputs.append_token(seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished)
                 self.metrics.generation_tokens += 1
-                if seq.finish_reason is not None:
-                    self._finish_sequence(seq)
+                if seq.is_finished:
+                    self.scheduler.remove(seq)
                 self._emit(seq, 1, int(logprobs is not None))
                 if seq.request.is_finished:
                     finished.append(seq.request)
@@ -409,41 +301,16 @@ class InferenceEngine:
             if not request.is_finished:
                 self._end_request(request, FinishReason.ERROR, finished)
 
-    def _finish_sequence(self, seq: Sequence) -> None:
-        seq.state = RequestState.FAILED if seq.finish_reason is FinishReason.ERROR else RequestState.COMPLETED
-        seq.pending_forks = 0
-        self.scheduler.remove(seq)
-
     def _end_request(self, request: Request, reason: FinishReason, finished: list[Request]) -> None:
-        """Finish every unfinished sample of ``request`` with ``reason`` (abort or error).
-
-        Samples not yet forked off the prompt are created finished, so each of
-        the ``n`` samples still gets its final delta and its output.
-        """
-        for parent in list(request.sequences):
-            for _ in range(parent.pending_forks):
-                request.sequences.append(
-                    Sequence(
-                        seq_id=self.scheduler.new_seq_id(),
-                        request=request,
-                        index=len(request.sequences),
-                        token_ids=list(parent.prompt_token_ids),
-                        num_prompt_tokens=parent.num_prompt_tokens,
-                    )
-                )
-            parent.pending_forks = 0
-        for seq in request.sequences:
-            if not seq.is_finished:
-                seq.finish_reason = reason
-                self._finish_sequence(seq)
-                self._emit(seq, 0, 0)
+        """Finish every unfinished sample of ``request`` with ``reason`` (abort or error); each gets its final delta."""
+        for seq in request.end(reason, self.scheduler.new_seq_id):
+            self.scheduler.remove(seq)
+            self._emit(seq, 0, 0)
         finished.append(request)
 
     def _finish_request(self, request: Request) -> CompletedRequest:
         request.finish_time = time.monotonic()
-        request.state = RequestState.FAILED if request.error else RequestState.COMPLETED
-        with self._lock:
-            self._requests.pop(request.request_id, None)
+        self.inbox.forget(request.request_id)
         completed = completed_request(request)
         self.metrics.requests_finished[completed.finish_reason] += 1
         log.info(
@@ -463,13 +330,7 @@ class InferenceEngine:
     def _update_metrics(self, plan: SchedulerOutput, started: float) -> None:
         stats = self.allocator.stats()
         metrics = self.metrics
-        metrics.num_steps += 1
-        metrics.num_preemptions += len(plan.preempted)
-        metrics.prefix_cache_queries = stats.prefix_cache_queries
-        metrics.prefix_cache_hits = stats.prefix_cache_hits
-        metrics.num_running = len(self.scheduler.running)
-        metrics.num_waiting = len(self.scheduler.waiting)
-        metrics.kv_cache_usage = stats.usage
+        metrics.record_step(len(plan.preempted), len(self.scheduler.running), len(self.scheduler.waiting), stats)
         if not self.scheduler.running:
             self._check_no_blocks_held(stats)
         if self._step_observers:
@@ -522,7 +383,7 @@ class InferenceEngine:
             for prompt in prompts:
                 ids.append(self.submit_request(prompt, params))
         except BaseException:
-            self._withdraw(ids)
+            self.inbox.withdraw(ids)
             raise
         done: dict[str, CompletedRequest] = {}
         while not all(i in done for i in ids):
@@ -553,7 +414,7 @@ class InferenceEngine:
 
     def close(self) -> None:
         """Release the executor; later submits and steps fail with ``SchedulerError``. Closing twice is harmless."""
-        with self._lock:
+        with self._close_lock:
             if self._closed:
                 return
             self._closed = True

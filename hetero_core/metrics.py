@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from hetero_core.memory import MemoryStats
 from hetero_core.sequence import FinishReason
 
 
@@ -38,6 +39,16 @@ class EngineMetrics:
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
+
+    def record_step(self, num_preemptions: int, num_running: int, num_waiting: int, cache: MemoryStats) -> None:
+        """Count a finished step and take the gauges it left."""
+        self.num_steps += 1
+        self.num_preemptions += num_preemptions
+        self.prefix_cache_queries = cache.prefix_cache_queries
+        self.prefix_cache_hits = cache.prefix_cache_hits
+        self.num_running = num_running
+        self.num_waiting = num_waiting
+        self.kv_cache_usage = cache.usage
 
     @property
     def requests_completed(self) -> int:

@@ -12,7 +12,7 @@ import time
 from hetero_core.batch import TokenLogprobs
 from hetero_core.outputs import CompletedRequest, SequenceOutput, StreamDelta
 from hetero_core.protocols import Tokenizer
-from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
+from hetero_core.sequence import FinishReason, Request, Sequence
 
 
 class OutputProcessor:
@@ -32,8 +32,7 @@ class OutputProcessor:
         params = request.params
         if seq.detokenizer is None:
             seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids)
-        seq.token_ids.append(token_id)
-        seq.state = RequestState.DECODE
+        seq.append_token(token_id)
         if logprobs is not None:
             seq.logprobs.append(logprobs)
         if request.first_token_time is None:
@@ -47,14 +46,16 @@ class OutputProcessor:
             text_before = len(seq.output_text)
             seq.output_text += seq.detokenizer.add((token_id,))
             if params.stop and may_stop and self._truncate_at_stop(seq, text_before):
-                seq.finish_reason = FinishReason.STOP
+                seq.finish(FinishReason.STOP)
                 return
         if is_stop_token or is_complete:
-            seq.finish_reason = FinishReason.STOP
+            reason = FinishReason.STOP
         elif num_output >= params.max_tokens or seq.num_tokens >= self.max_model_len:
-            seq.finish_reason = FinishReason.LENGTH
-        if seq.finish_reason is not None:
-            seq.output_text += seq.detokenizer.finish()
+            reason = FinishReason.LENGTH
+        else:
+            return
+        seq.output_text += seq.detokenizer.finish()
+        seq.finish(reason)
 
     @staticmethod
     def _truncate_at_stop(seq: Sequence, text_before: int) -> bool:

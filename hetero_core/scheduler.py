@@ -38,6 +38,7 @@ class ScheduledWork:
     seq: Sequence
     num_new_tokens: int
     do_sample: bool
+    block_table: list[int]  # the sequence's physical blocks after this step's allocation
 
 
 @attrs.define
@@ -167,9 +168,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.allocator.free(seq.seq_id)
-        seq.num_computed_tokens = 0
-        seq.state = RequestState.PENDING
-        seq.num_preemptions += 1
+        seq.preempt()
         self.num_preemptions += 1
         self.waiting.append(seq)
         out.preempted.append(seq)
@@ -179,7 +178,7 @@ class Scheduler:
             self.allocator.append_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
         )
         do_sample = seq.num_computed_tokens + num_new == seq.num_tokens
-        out.work.append(ScheduledWork(seq, num_new, do_sample))
+        out.work.append(ScheduledWork(seq, num_new, do_sample, self.allocator.block_table(seq.seq_id)))
         if seq.state is RequestState.DECODE and do_sample and num_new == 1:
             out.num_decode_tokens += 1
         else:
@@ -195,52 +194,35 @@ class Scheduler:
             if self.allocator.stats().usage > self.config.memory_threshold:
                 break
             num_cached = self.allocator.allocate(seq.seq_id, seq.token_ids)
-            if seq.num_preemptions == 0:
-                seq.num_cached_tokens = num_cached
-            seq.num_computed_tokens = num_cached
             if seq.pending_forks and num_cached == prefill_target(seq):
                 # The cache holds all but the last prompt token: fork now; every
                 # sample computes that token from the next step on.
-                self._start(seq, admitted)
+                self._start(seq, num_cached, admitted)
                 self.fork(seq)
                 continue
             num_new = min(prefill_target(seq) - num_cached, token_budget)
             fits = self.config.enable_chunked_prefill or num_new == prefill_target(seq) - num_cached
             if not fits or not self.allocator.can_append(seq.seq_id, num_cached, num_new):
                 self.allocator.free(seq.seq_id)
-                seq.num_computed_tokens = 0
                 break
-            self._start(seq, admitted)
+            self._start(seq, num_cached, admitted)
             self._schedule(seq, num_new, out)
             token_budget -= num_new
             seq_budget -= 1
         if admitted:
             self.waiting = [s for s in self.waiting if s.seq_id not in admitted]
 
-    def _start(self, seq: Sequence, admitted: set[int]) -> None:
+    def _start(self, seq: Sequence, num_cached: int, admitted: set[int]) -> None:
         self.running.append(seq)
         admitted.add(seq.seq_id)
-        seq.state = RequestState.PREFILL
+        seq.admit(num_cached)
 
     # ------------------------------------------------------------------ parallel sampling
 
     def fork(self, parent: Sequence) -> list[Sequence]:
-        """Split a prompt computed up to its last token into the request's n samples."""
-        children = []
-        for _ in range(parent.pending_forks):
-            child = Sequence(
-                seq_id=self.new_seq_id(),
-                request=parent.request,
-                index=len(parent.request.sequences),
-                token_ids=list(parent.token_ids),
-                num_prompt_tokens=parent.num_prompt_tokens,
-                state=parent.state,
-                num_computed_tokens=parent.num_computed_tokens,
-                num_cached_tokens=parent.num_cached_tokens,
-            )
+        """Split a prompt computed up to its last token into the request's n samples; they share its blocks."""
+        children = parent.request.fork(parent, self.new_seq_id)
+        for child in children:
             self.allocator.fork(parent.seq_id, child.seq_id)
-            parent.request.sequences.append(child)
             self.running.append(child)
-            children.append(child)
-        parent.pending_forks = 0
         return children

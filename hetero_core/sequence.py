@@ -93,10 +93,46 @@ class Sequence:
         seed = self.request.params.seed
         return None if seed is None else (seed + self.index * 0x9E3779B1) % 2**63
 
+    # The transitions below are the only writers of ``state``, ``num_computed_tokens`` and ``finish_reason``.
+
+    def admit(self, num_cached_tokens: int) -> None:
+        """Placed in the cache, whose prefix cache already holds its first ``num_cached_tokens`` tokens."""
+        if self.num_preemptions == 0:
+            self.num_cached_tokens = num_cached_tokens
+        self.num_computed_tokens = num_cached_tokens
+        self.state = RequestState.PREFILL
+
+    def preempt(self) -> None:
+        """Its blocks were taken back: it waits again, to be recomputed from its first token."""
+        self.num_computed_tokens = 0
+        self.state = RequestState.PENDING
+        self.num_preemptions += 1
+
+    def advance(self, num_tokens: int) -> None:
+        """``num_tokens`` more of its tokens are now in the KV cache."""
+        self.num_computed_tokens += num_tokens
+
+    def append_token(self, token_id: int) -> None:
+        """A sampled token joins the sequence: from now on it decodes."""
+        self.token_ids.append(token_id)
+        self.state = RequestState.DECODE
+
+    def finish(self, reason: FinishReason) -> None:
+        """It stops for ``reason``; an error fails it. Samples it had still to fork go with it."""
+        self.finish_reason = reason
+        self.state = RequestState.FAILED if reason is FinishReason.ERROR else RequestState.COMPLETED
+        self.pending_forks = 0
+
 
 @attrs.define(eq=False)
 class Request:
-    """A prompt submitted to the engine, and everything it has produced."""
+    """A prompt submitted to the engine, everything it has produced, and the owner of its ``n`` samples.
+
+    The request makes its samples: the first when it is taken in, the
+    others by forking once the prompt is computed (:meth:`fork`), and any
+    still unforked when it ends early (:meth:`end`), so every one of the
+    ``n`` samples gets its final delta and its output.
+    """
 
     request_id: str
     prompt_text: str
@@ -107,7 +143,6 @@ class Request:
     on_output: Callable[[Any], None] | None = None
     grammar: Any = None  # the compiled params.structured_output, shared by the samples' matchers
     sequences: list[Sequence] = attrs.field(factory=list)
-    state: RequestState = RequestState.PENDING
     error: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -120,3 +155,40 @@ class Request:
     def is_finished(self) -> bool:
         """Every sample finished (a sequence that ends before forking takes its pending samples with it)."""
         return bool(self.sequences) and all(s.is_finished and not s.pending_forks for s in self.sequences)
+
+    def start(self, seq_id: int) -> Sequence:
+        """Its first sample, which computes the prompt for all ``n`` of them."""
+        seq = self._new_sample(seq_id, self.prompt_token_ids)
+        seq.pending_forks = self.params.n - 1
+        return seq
+
+    def fork(self, parent: Sequence, next_seq_id: Callable[[], int]) -> list[Sequence]:
+        """The samples ``parent`` still has to fork, each a copy of it (computed tokens included)."""
+        children = []
+        for _ in range(parent.pending_forks):
+            child = self._new_sample(next_seq_id(), parent.token_ids)
+            child.state = parent.state
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            children.append(child)
+        parent.pending_forks = 0
+        return children
+
+    def end(self, reason: FinishReason, next_seq_id: Callable[[], int]) -> list[Sequence]:
+        """Finish every unfinished sample with ``reason`` (an abort or an error); return them.
+
+        Samples not yet forked are made here, already finished.
+        """
+        for parent in list(self.sequences):
+            for _ in range(parent.pending_forks):
+                self._new_sample(next_seq_id(), parent.prompt_token_ids)
+            parent.pending_forks = 0
+        ended = [seq for seq in self.sequences if not seq.is_finished]
+        for seq in ended:
+            seq.finish(reason)
+        return ended
+
+    def _new_sample(self, seq_id: int, token_ids: list[int]) -> Sequence:
+        seq = Sequence(seq_id, self, len(self.sequences), list(token_ids), len(self.prompt_token_ids))
+        self.sequences.append(seq)
+        return seq

@@ -150,7 +150,7 @@ class AsyncEngine:
                     return
                 if delta.is_finished:
                     entry.open_samples.discard(delta.index)
-                    if not entry.open_samples or delta.finish_reason in (FinishReason.ABORT, FinishReason.ERROR):
+                    if not entry.open_samples:
                         del self._in_flight[request_id]
             deliver(delta)
 

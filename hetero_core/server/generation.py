@@ -25,8 +25,6 @@ from hetero_core.server.metrics import ServerMetrics
 
 log = structlog.get_logger()
 
-REQUEST_ENDING = (FinishReason.ABORT, FinishReason.ERROR)  # the engine ends every sample of the request with these
-
 Input = tuple[str | Sequence[int] | None, Sequence[Mapping[str, Any]] | None]  # (prompt, messages)
 Prepare = Callable[[], tuple[list[Input], GenerationParams]]  # runs on the worker thread
 _CUT = object()  # queued by Generation.end: close every open choice
@@ -112,7 +110,7 @@ class Generation:
                 return
             number, delta = item
             choice = self.choices[number * self.params.n + delta.index]
-            if choice.finish_reason is not None:  # already closed with its request's abort or error
+            if choice.finish_reason is not None:  # a second final delta from a faulty backend changes nothing
                 continue
             choice.text += delta.text
             choice.token_ids.extend(delta.token_ids)
@@ -123,9 +121,6 @@ class Generation:
                 self._close(choice, delta.finish_reason, failure)
             self._observe(choice, delta)
             yield choice, delta
-            if delta.finish_reason in REQUEST_ENDING:
-                for sibling in self._end_siblings(number, delta):
-                    yield sibling, StreamDelta(self.request_id, sibling.index, "", [], finish_reason=delta.finish_reason)
 
     def _close(self, choice: Choice, reason: FinishReason, failure: APIError | None) -> None:
         choice.finish_reason, choice.failure = reason, failure
@@ -142,16 +137,6 @@ class Generation:
             else:  # the backend's own reason (a bridge program's exit status or timeout), composed by the server
                 self._failures[number] = APIError(status, f"generation failed: {error}", code="generation_failed")
         return self._failures[number]
-
-    def _end_siblings(self, number: int, delta: StreamDelta) -> list[Choice]:
-        """An abort or an error ends the whole engine request: close the samples that never got their own final delta."""
-        siblings = self.choices[number * self.params.n : (number + 1) * self.params.n]
-        open_siblings = [c for c in siblings if c.finish_reason is None]
-        failure = self._failures.get(number)
-        for sibling in open_siblings:
-            self._close(sibling, delta.finish_reason, failure)
-            sibling.num_prompt_tokens = delta.num_prompt_tokens
-        return open_siblings
 
     async def wait(self) -> list[Choice]:
         async for _ in self.deltas():

@@ -1,0 +1,61 @@
+"""From the scheduler's plan to the executor's batch: one :class:`ScheduledSequence` per planned sequence.
+
+What the request wants of its next token travels as data: a constrained
+sample gets its allowed-token bitmask here. A sequence that cannot run
+(its allocator's block table does not hold the step's tokens, or its
+grammar engine cannot say what it may take) is left out and reported, so
+it fails alone.
+"""
+
+from __future__ import annotations
+
+from hetero_core.batch import ExecutionBatch, ScheduledSequence
+from hetero_core.boundary import block_table_problem
+from hetero_core.grammars import Grammars
+from hetero_core.logs import get_logger
+from hetero_core.scheduler import ScheduledWork, SchedulerOutput
+
+log = get_logger(__name__)
+
+
+class BatchBuilder:
+    """Builds each step's :class:`ExecutionBatch` for one engine's pool."""
+
+    def __init__(self, block_size: int, num_blocks: int, allocator_plugin: str, grammars: Grammars) -> None:
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.allocator_plugin = allocator_plugin
+        self.grammars = grammars
+
+    def build(self, plan: SchedulerOutput) -> tuple[ExecutionBatch, dict[int, str]]:
+        """The step's batch, and why any planned sequence was left out of it (by sequence id)."""
+        sequences, problems = [], {}
+        for work in plan.work:
+            scheduled = scheduled_sequence(work)
+            problem = block_table_problem(scheduled, self.block_size, self.num_blocks, self.allocator_plugin)
+            if problem is not None:
+                log.error("invalid block table", plugin=self.allocator_plugin, problem=problem)
+            elif work.do_sample and work.seq.request.grammar is not None:
+                scheduled.allowed_tokens, problem = self.grammars.allowed_tokens(work.seq)
+            if problem is None:
+                sequences.append(scheduled)
+            else:
+                problems[work.seq.seq_id] = problem
+        return ExecutionBatch(sequences, block_size=self.block_size, block_copies=plan.block_copies), problems
+
+
+def scheduled_sequence(work: ScheduledWork) -> ScheduledSequence:
+    """One planned sequence's share of the step, as the executor sees it."""
+    seq = work.seq
+    start = seq.num_computed_tokens
+    return ScheduledSequence(
+        seq_id=seq.seq_id,
+        token_ids=seq.token_ids[start : start + work.num_new_tokens],
+        start_position=start,
+        block_table=work.block_table,
+        do_sample=work.do_sample,
+        params=seq.request.params,
+        all_token_ids=seq.token_ids,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        seed=seq.sampling_seed,
+    )
