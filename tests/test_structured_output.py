@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hetero_core.builtin.mock_executor import MockExecutor
-from hetero_core.errors import ConfigError, ValidationError
+from hetero_core.errors import ConfigError, ExecutionError, ValidationError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
@@ -163,6 +163,42 @@ def test_an_executor_that_ignores_the_mask_fails_that_request_alone() -> None:
         records = {r.request_id: r for r in engine.run()}
         assert "which the request's structured output does not allow" in records[bad].error
         assert records[good].error is None and len(records[good].generated_tokens) == 20
+        assert engine.get_memory_stats().used_blocks == 0
+    finally:
+        engine.close()
+
+
+class FaultyGrammars:
+    """A structured-output plugin whose grammar engine fails: compiling ``"boom"``, or every matcher."""
+
+    @hookimpl
+    def register_structured_output_backends(self, register) -> None:
+        class Matcher:
+            def fill_bitmask(self, bitmask, index):
+                raise RuntimeError("matcher broke")
+
+        class Backend:
+            def compile(self, constraint):
+                if constraint.value == "boom":
+                    raise RuntimeError("compiler broke")
+                return constraint
+
+            def new_matcher(self, grammar):
+                return Matcher()
+
+        register("faulty", lambda tokenizer, **options: Backend())
+
+
+def test_a_faulty_grammar_engine_is_named_and_harms_no_other_request() -> None:
+    engine = engine_with((FaultyGrammars(), "faulty-grammars"), structured_output="faulty")
+    try:
+        with pytest.raises(ExecutionError, match="structured-output plugin 'faulty-grammars' failed to compile"):
+            engine.submit_request("x", GenerationParams(structured_output=StructuredOutput.regex("boom")))
+        bad = engine.submit_request("x", GenerationParams(max_tokens=8, structured_output=StructuredOutput.regex("a+")))
+        good = engine.submit_request("y", GenerationParams(max_tokens=8))
+        records = {r.request_id: r for r in engine.run()}
+        assert "structured-output plugin 'faulty-grammars' could not compute the allowed tokens" in records[bad].error
+        assert records[good].error is None and len(records[good].generated_tokens) == 8
         assert engine.get_memory_stats().used_blocks == 0
     finally:
         engine.close()
