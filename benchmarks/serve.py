@@ -114,7 +114,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--port", str(port), "--dtype", args.dtype]
+    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--port", str(port), "-o", f"executor.dtype={args.dtype}"]
     command += ["--max-num-seqs", str(args.num_requests), "--max-batch-size", str(args.num_requests), "--max-model-len", "1024"]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     if args.data_parallel_size > 1:

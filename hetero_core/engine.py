@@ -84,7 +84,7 @@ class InferenceEngine:
         )
         self.policy: SchedulerPolicy = registry.create("scheduler", config.scheduler.name, config.scheduler.options)
         self.scheduler = Scheduler(config, self.policy, self.allocator, policy_plugin=self.plugin_names["scheduler"])
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
+        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self._eos_token_ids())
         self.metrics = EngineMetrics()
         self.runner = BatchRunner(
             self.executor, self.plugin_names["executor"], self.model_info.vocab_size, config.max_retry_attempts, self.metrics
@@ -122,6 +122,19 @@ class InferenceEngine:
                 executor=self.config.executor.name,
                 model_vocab_size=model_vocab,
             )
+
+    def _eos_token_ids(self) -> frozenset[int]:
+        """The ids that end generation: the model's (``ConfigError`` if outside its vocabulary), else the tokenizer's EOS."""
+        ids = self.model_info.eos_token_ids
+        if not ids:
+            return frozenset(() if self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,))
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.model_info.vocab_size]
+        if bad:
+            raise ConfigError(
+                f"executor plugin {self.plugin_names['executor']!r} names end-of-sequence id {bad[0]!r},"
+                f" outside its vocabulary [0, {self.model_info.vocab_size})"
+            )
+        return frozenset(ids)
 
     def _pool_size(self) -> int:
         if self.config.kv_cache_memory_mb is None:

@@ -18,9 +18,10 @@ from hetero_core.sequence import FinishReason, Request, Sequence
 class OutputProcessor:
     """Turns sampled tokens into text, finish reasons and stream deltas."""
 
-    def __init__(self, tokenizer: Tokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_model_len: int, eos_token_ids: frozenset[int]) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids  # end generation unless a request ignores EOS
 
     def append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None, *, is_complete: bool = False) -> None:
         """Add one sampled token; finishes the sequence when a stop condition holds.
@@ -40,7 +41,7 @@ class OutputProcessor:
         num_output = seq.num_output_tokens
         may_stop = num_output >= params.min_tokens
         is_stop_token = may_stop and (
-            (token_id == self.tokenizer.eos_token_id and not params.ignore_eos) or token_id in params.stop_token_ids
+            (token_id in self.eos_token_ids and not params.ignore_eos) or token_id in params.stop_token_ids
         )
         if not is_stop_token:
             text_before = len(seq.output_text)

@@ -203,6 +203,9 @@ class ModelInfo:
     name: str
     vocab_size: int
     max_model_len: int  # the longest sequence (prompt + output) the model supports
+    # the ids that end generation (end of sequence, end of turn), as the model's files name them;
+    # empty: the tokenizer's ``eos_token_id``
+    eos_token_ids: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
 
 @runtime_checkable

@@ -6,12 +6,13 @@ import logging
 import math
 from typing import Any, Callable
 
+import attrs
 import pytest
 
 from hetero_core.batch import ExecutionOutput, TokenLogprobs
 from hetero_core.builtin.mock_executor import MockExecutor
 from hetero_core.engine import InferenceEngine
-from hetero_core.errors import SchedulerError
+from hetero_core.errors import ConfigError, SchedulerError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.params import GenerationParams
 from hetero_core.plugins import create_plugin_manager
@@ -208,3 +209,41 @@ def test_a_leaking_allocator_is_reported_by_name(caplog) -> None:
         engine.generate(["leak again"], GREEDY)
     leaks = [r.getMessage() for r in caplog.records if "leaks blocks" in r.getMessage()]
     assert len(leaks) == 1 and "leaky-allocator" in leaks[0]
+
+
+class EndsOn:
+    """An executor plugin whose model ends generation on ``eos_token_ids`` and always answers ``answer``."""
+
+    def __init__(self, eos_token_ids: tuple, answer: int) -> None:
+        self.eos_token_ids, self.answer = eos_token_ids, answer
+
+    @hookimpl
+    def register_executors(self, register) -> None:
+        plugin = self
+
+        class Ending(MockExecutor):
+            @property
+            def model_info(self):
+                return attrs.evolve(super().model_info, eos_token_ids=plugin.eos_token_ids)
+
+            def execute(self, batch):
+                output = super().execute(batch)
+                return ExecutionOutput({seq_id: plugin.answer for seq_id in output.sampled_token_ids})
+
+        register("ending", lambda config, **options: Ending(**options))
+
+
+def test_every_end_of_sequence_id_of_the_model_ends_generation() -> None:
+    engine = engine_with((EndsOn((3, 4), answer=4), "ending"), executor="ending")
+    try:
+        (record,) = engine.generate(["x"], GREEDY)
+        assert record.finish_reason is FinishReason.STOP and record.generated_tokens == [4]
+        (ignoring,) = engine.generate(["x"], GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+        assert ignoring.finish_reason is FinishReason.LENGTH and ignoring.generated_tokens == [4, 4, 4]
+    finally:
+        engine.close()
+
+
+def test_an_end_of_sequence_id_outside_the_vocabulary_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="executor plugin 'ending' names end-of-sequence id 9999, outside its vocabulary"):
+        engine_with((EndsOn((9999,), answer=1), "ending"), executor="ending")

@@ -65,7 +65,8 @@ class MockExecutor:
         max_model_len: int = 1 << 20,
         step_latency: float = 0.0,
     ) -> None:
-        self._info = ModelInfo(name="mock", vocab_size=vocab_size, max_model_len=max_model_len)
+        eos_token_ids = (eos_token_id,) if eos_token_id < vocab_size else ()  # one it can never draw does not count
+        self._info = ModelInfo(name="mock", vocab_size=vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
         self._eos_token_id = eos_token_id
         self._eos_threshold = int(eos_probability * 2**32)
         self._step_latency = step_latency

@@ -34,7 +34,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine (override the config file)")
     group.add_argument("--config", help="JSON config file (the seed's config.json layout works)")
     group.add_argument("--model", help="a .gguf file or a Hugging Face folder (default: the embedded SmolLM2)")
-    group.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="executor compute dtype")
     group.add_argument("--tokenizer", help="tokenizer component name")
     group.add_argument("--scheduler", help="scheduler policy name (fcfs, priority, ...)")
     group.add_argument("--cache-allocator", help="cache allocator component name (paged, ...)")
@@ -84,8 +83,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         current = getattr(config, key)
         name = getattr(args, key) or current.name
         options = dict(current.options) if name == current.name else {}
-        if key == "executor" and args.dtype is not None:
-            options["dtype"] = args.dtype
         options.update(component_options(args.option).get(key, {}))
         if (name, options) != (current.name, dict(current.options)):
             changes[key] = {"name": name, **options}

@@ -22,7 +22,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_flags_override_the_config_file(tmp_path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"block_size": 32, "max_num_blocks": 100, "executor": {"name": "torch", "dtype": "float32"}}))
-    args = build_parser().parse_args(["--config", str(path), "--max-num-blocks", "7", "--dtype", "bfloat16"])
+    args = build_parser().parse_args(["--config", str(path), "--max-num-blocks", "7", "-o", "executor.dtype=bfloat16"])
     config = engine_config(args)
     assert config.block_size == 32  # from the file
     assert config.max_num_blocks == 7  # the flag wins

@@ -130,8 +130,8 @@ class TorchExecutor:
         with torch.inference_mode():
             self.model = LlamaModel(model_config, tensors, self.dtype, self.device, attend, self.weight_format)
         self.model_config = model_config
-        self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings)
-        self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_id=model_config.eos_token_id)
+        self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
+        self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.engine_config = config

@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from hetero_core.errors import ConfigError
-from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig
+from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
 from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, Weight
 
 GGUF_TYPES = {
@@ -128,7 +128,7 @@ def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
         max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        eos_token_ids=token_ids(_field(reader, "tokenizer.ggml.eos_token_id"), _field(reader, "tokenizer.ggml.eot_token_id")),
     )
 
 
@@ -163,7 +163,12 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, It
 
 def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
     """A Hugging Face folder: config.json plus model.safetensors (or shards listed in an index)."""
-    config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()), folder.name)
+    generation = folder / "generation_config.json"
+    config = ModelConfig.from_hf(
+        json.loads((folder / "config.json").read_text()),
+        folder.name,
+        json.loads(generation.read_text()) if generation.is_file() else None,
+    )
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))

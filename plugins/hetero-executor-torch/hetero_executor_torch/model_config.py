@@ -28,11 +28,12 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool = False
-    eos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()  # every id that ends generation
     rope_scaling: Mapping[str, Any] | None = None
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any], name: str) -> ModelConfig:
+    def from_hf(cls, config: Mapping[str, Any], name: str, generation: Mapping[str, Any] | None = None) -> ModelConfig:
+        """From ``config.json`` (and ``generation_config.json``, whose end-of-sequence ids count too)."""
         architectures = config.get("architectures") or []
         architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
         if architecture is None:
@@ -56,12 +57,16 @@ class ModelConfig:
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2" or bool(config.get("attention_bias", False)),
-            eos_token_id=_first_id(config.get("eos_token_id")),
+            eos_token_ids=token_ids(config.get("eos_token_id"), (generation or {}).get("eos_token_id")),
             rope_scaling=scaling if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")) == "llama3" else None,
         )
 
 
-def _first_id(value: Any) -> int | None:
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value if isinstance(value, int) else None
+def token_ids(*values: Any) -> tuple[int, ...]:
+    """The distinct token ids among ``values``, each an id, a list of ids or None, in order."""
+    ids: list[int] = []
+    for value in values:
+        for token_id in value if isinstance(value, list) else [value]:
+            if isinstance(token_id, int) and not isinstance(token_id, bool) and token_id not in ids:
+                ids.append(token_id)
+    return tuple(ids)

@@ -38,10 +38,12 @@ def _penalised(params) -> bool:
 class Sampler:
     """Samples one token per row of logits, following each sequence's :class:`GenerationParams`."""
 
-    def __init__(self, vocab_size: int, device: torch.device | str = "cpu", default_seed: int = 0, eos_token_id: int | None = None) -> None:
+    def __init__(
+        self, vocab_size: int, device: torch.device | str = "cpu", default_seed: int = 0, eos_token_ids: tuple[int, ...] = ()
+    ) -> None:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-        self.eos_token_id = eos_token_id
+        self.eos_token_ids = eos_token_ids  # held back, with a request's stop ids, until its min_tokens
         self.generator = torch.Generator(device=self.device).manual_seed(default_seed)
 
     def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> tuple[list[int], dict[int, TokenLogprobs]]:
@@ -56,7 +58,7 @@ class Sampler:
             return logits.argmax(dim=-1).tolist(), {}
         logits = logits.float().clone()
         for i in blocked:
-            stops = [*seqs[i].params.stop_token_ids, *([self.eos_token_id] if self.eos_token_id is not None else [])]
+            stops = [*seqs[i].params.stop_token_ids, *self.eos_token_ids]
             logits[i, [t for t in stops if t < self.vocab_size]] = float("-inf")
         for i in biased:
             token_ids, biases = zip(*params[i].logit_bias)

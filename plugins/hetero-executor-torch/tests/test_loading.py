@@ -61,3 +61,11 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
 def test_bad_dtype_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="dtype must be one of"):
         TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float64")
+
+
+def test_every_end_of_sequence_id_of_config_and_generation_config_counts() -> None:
+    from hetero_executor_torch.model_config import token_ids
+
+    assert token_ids(2, None) == (2,)
+    assert token_ids([128001, 128009], 128001) == (128001, 128009)
+    assert token_ids(None, [5, True, "x", 6]) == (5, 6)

@@ -128,9 +128,9 @@ def test_min_tokens_blocks_eos_and_stop_tokens() -> None:
     logits[0, 5] = 10.0  # eos
     logits[0, 6] = 9.0  # a stop token
     params = GenerationParams(temperature=0.0, min_tokens=3, stop_token_ids=[6])
-    tokens, _ = Sampler(VOCAB, eos_token_id=5)(logits, [seq(params, [0, 1], prompt=1)])
+    tokens, _ = Sampler(VOCAB, eos_token_ids=(5,))(logits, [seq(params, [0, 1], prompt=1)])
     assert tokens[0] not in (5, 6)
-    done, _ = Sampler(VOCAB, eos_token_id=5)(logits, [seq(params, [0, 1, 2, 3], prompt=1)])
+    done, _ = Sampler(VOCAB, eos_token_ids=(5,))(logits, [seq(params, [0, 1, 2, 3], prompt=1)])
     assert done[0] == 5
 
 
@@ -153,7 +153,7 @@ def test_tiny_temperature_is_greedy_and_tiny_penalties_stay_finite() -> None:
     tokens, _ = sampler(logits, [seq(GenerationParams(temperature=1e-38))])
     assert tokens == [int(logits[0].argmax())]
     params = GenerationParams(temperature=1.0, repetition_penalty=0.01, logprobs=VOCAB, min_tokens=2)
-    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_id=0), logits, [seq(params, [0, 1, 2, 0], prompt=4)])  # EOS blocked: -inf
+    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_ids=(0,)), logits, [seq(params, [0, 1, 2, 0], prompt=4)])  # EOS blocked: -inf
     entry = out.logprobs[0]
     assert all(math.isfinite(lp) and lp <= 0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
 
@@ -177,7 +177,7 @@ def test_every_valid_parameter_set_samples_a_token_with_finite_logprobs(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
         presence_penalty=penalty, frequency_penalty=penalty, min_tokens=min_tokens, max_tokens=4, logprobs=VOCAB,
     )
-    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_id=0), torch.tensor([logits]), [seq(params, history)])
+    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_ids=(0,)), torch.tensor([logits]), [seq(params, history)])
     assert out.errors == {} and 0 <= out.sampled_token_ids[0] < VOCAB
     entry = out.logprobs[0]
     assert all(math.isfinite(lp) and lp <= 0.0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
