@@ -40,6 +40,10 @@ class ScheduledSequence:
     ``allowed_tokens`` bitmask (structured output; a token outside it must
     never be sampled) and ``params.logit_bias`` (added to the logits before
     penalties and sampling), besides the sampling parameters.
+
+    When ``params.prompt_logprobs`` is set, the executor also scores the
+    prompt: see :attr:`prompt_logprob_positions` and
+    :class:`ExecutionOutput`.
     """
 
     seq_id: int
@@ -60,6 +64,14 @@ class ScheduledSequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_logprob_positions(self) -> range:
+        """The positions whose prompt token this step scores: each one after a position computed this step,
+        while still in the prompt. Empty unless ``params.prompt_logprobs`` is set."""
+        if self.params.prompt_logprobs is None:
+            return range(0)
+        return range(self.start_position + 1, min(self.start_position + len(self.token_ids), self.num_prompt_tokens - 1) + 1)
 
 
 @attrs.define
@@ -88,11 +100,13 @@ class TokenLogprobs:
     model produced (after penalties, before temperature and truncation).
     Every logprob is a finite number at most 0 (an executor reports a
     token of probability zero with a large negative value, e.g. -9999.0).
+    ``rank`` (prompt logprobs only) is 1 + how many tokens are more likely.
     """
 
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = attrs.field(factory=list)
+    rank: int | None = None
 
 
 @attrs.define
@@ -105,8 +119,19 @@ class ExecutionOutput:
     alone and the rest of the batch proceeds. Raising from ``execute`` fails
     the whole batch instead. The reason is shown to the request's client:
     describe the problem, not the internals (no tracebacks, no paths).
+
+    ``prompt_logprobs`` scores the prompt for every sequence whose
+    ``params.prompt_logprobs`` is set and whose
+    :attr:`ScheduledSequence.prompt_logprob_positions` is not empty: one
+    :class:`TokenLogprobs` per position, in order, for the prompt token at
+    that position given the tokens before it, from the model's raw
+    distribution (no penalties, bias, mask or temperature), with ``top``
+    holding ``params.prompt_logprobs`` entries and ``rank`` set. A prefill
+    split into chunks gets them chunk by chunk, and the engine joins them;
+    the sequence's ``do_sample`` does not matter.
     """
 
     sampled_token_ids: dict[int, int]  # seq_id -> next token id
     logprobs: dict[int, TokenLogprobs] = attrs.field(factory=dict)  # only for sequences that asked
     errors: dict[int, str] = attrs.field(factory=dict)  # seq_id -> why no token could be produced
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = attrs.field(factory=dict)  # seq_id -> one per scored prompt position

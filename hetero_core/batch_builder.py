@@ -35,7 +35,7 @@ class BatchBuilder:
             problem = block_table_problem(scheduled, self.block_size, self.num_blocks, self.allocator_plugin)
             if problem is not None:
                 log.error("invalid block table", plugin=self.allocator_plugin, problem=problem)
-            elif work.do_sample and work.seq.request.grammar is not None:
+            elif scheduled.do_sample and work.seq.request.grammar is not None:
                 scheduled.allowed_tokens, problem = self.grammars.allowed_tokens(work.seq)
             if problem is None:
                 sequences.append(scheduled)
@@ -53,7 +53,7 @@ def scheduled_sequence(work: ScheduledWork) -> ScheduledSequence:
         token_ids=seq.token_ids[start : start + work.num_new_tokens],
         start_position=start,
         block_table=work.block_table,
-        do_sample=work.do_sample,
+        do_sample=work.do_sample and seq.request.params.max_tokens > 0,  # max_tokens 0 only scores the prompt
         params=seq.request.params,
         all_token_ids=seq.token_ids,
         num_prompt_tokens=seq.num_prompt_tokens,

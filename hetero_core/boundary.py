@@ -4,7 +4,8 @@ A component is trusted for what it computes, not for the shape of what it
 returns: an executor that omits a token, returns one outside the
 vocabulary or a NaN logprob, or an allocator whose block table does not
 cover the step's tokens, is caught here and blamed on its plugin by name.
-Each check costs O(sequences in the step), never O(tokens in the context).
+Each check costs O(sequences in the step), never O(tokens in the context);
+prompt logprobs cost O(prompt positions scored in the step).
 """
 
 from __future__ import annotations
@@ -17,25 +18,25 @@ from hetero_core.errors import ExecutionError
 
 
 def check_execution_output(output: Any, batch: ExecutionBatch, vocab_size: int, plugin: str) -> dict[int, str]:
-    """Per sampled sequence whose output is unusable, why; raises ``ExecutionError`` for a malformed whole.
+    """Per sequence whose output is unusable, why; raises ``ExecutionError`` for a malformed whole.
 
     Reasons the executor gave in ``output.errors`` are returned as they are.
     """
     if not isinstance(output, ExecutionOutput):
         raise ExecutionError(f"executor plugin {plugin!r} returned {type(output).__name__}, not an ExecutionOutput")
-    tokens, logprobs, errors = output.sampled_token_ids, output.logprobs, output.errors
-    for name, value in (("sampled_token_ids", tokens), ("logprobs", logprobs), ("errors", errors)):
+    tokens, logprobs, errors, prompt_logprobs = output.sampled_token_ids, output.logprobs, output.errors, output.prompt_logprobs
+    for name, value in (("sampled_token_ids", tokens), ("logprobs", logprobs), ("errors", errors), ("prompt_logprobs", prompt_logprobs)):
         if not isinstance(value, dict):
             raise ExecutionError(f"executor plugin {plugin!r} returned {name} as {type(value).__name__}, not a dict")
     problems: dict[int, str] = {}
     for seq in batch.sequences:
-        if not seq.do_sample:
-            continue
         reason = errors.get(seq.seq_id)
         if reason is not None:
             problems[seq.seq_id] = reason if isinstance(reason, str) and reason else "the executor failed on it"
             continue
-        problem = _token_problem(tokens.get(seq.seq_id), vocab_size) or _logprobs_problem(seq, logprobs, tokens, vocab_size)
+        problem = _prompt_logprobs_problem(seq, prompt_logprobs.get(seq.seq_id), vocab_size)
+        if seq.do_sample and not problem:
+            problem = _token_problem(tokens.get(seq.seq_id), vocab_size) or _logprobs_problem(seq, logprobs, tokens, vocab_size)
         if problem:
             problems[seq.seq_id] = f"executor plugin {plugin!r} {problem} for sequence {seq.seq_id}"
     return problems
@@ -62,11 +63,37 @@ def _logprobs_problem(seq: ScheduledSequence, logprobs: dict[int, Any], tokens: 
         return f"returned logprobs of token {got.token_id}, not of the sampled token {tokens[seq.seq_id]}"
     if not _is_logprob(got.logprob):
         return f"returned logprob {got.logprob!r}, not a finite number <= 0"
-    if not isinstance(got.top, list) or len(got.top) != min(wanted, vocab_size):
-        return f"returned {len(got.top) if isinstance(got.top, list) else got.top!r} top logprobs, not {wanted}"
-    for entry in got.top:
+    return _top_problem(got.top, wanted, vocab_size)
+
+
+def _top_problem(top: Any, wanted: int, vocab_size: int) -> str | None:
+    if not isinstance(top, list) or len(top) != min(wanted, vocab_size):
+        return f"returned {len(top) if isinstance(top, list) else top!r} top logprobs, not {wanted}"
+    for entry in top:
         if not (isinstance(entry, tuple) and len(entry) == 2 and _token_problem(entry[0], vocab_size) is None and _is_logprob(entry[1])):
             return f"returned top logprob entry {entry!r}, not a (token, finite logprob <= 0) pair"
+    return None
+
+
+def _prompt_logprobs_problem(seq: ScheduledSequence, got: Any, vocab_size: int) -> str | None:
+    """One entry per scored position, for the prompt token there, finite, ranked, with its top alternatives."""
+    positions = seq.prompt_logprob_positions
+    if not positions:
+        return None if not got else "returned prompt logprobs it was not asked for"
+    if not isinstance(got, list) or len(got) != len(positions):
+        count = len(got) if isinstance(got, list) else type(got).__name__
+        return f"returned {count} prompt logprobs, not one for each of the {len(positions)} prompt positions of the step"
+    for position, entry in zip(positions, got):
+        expected = seq.all_token_ids[position]
+        if not isinstance(entry, TokenLogprobs) or entry.token_id != expected:
+            return f"returned a prompt logprob entry {entry!r:.100} at position {position}, not the TokenLogprobs of token {expected}"
+        if not _is_logprob(entry.logprob):
+            return f"returned prompt logprob {entry.logprob!r} at position {position}, not a finite number <= 0"
+        if isinstance(entry.rank, bool) or not isinstance(entry.rank, int) or not 1 <= entry.rank <= vocab_size:
+            return f"returned rank {entry.rank!r} at prompt position {position}, not an int in [1, {vocab_size}]"
+        problem = _top_problem(entry.top, seq.params.prompt_logprobs, vocab_size)
+        if problem:
+            return f"{problem} at prompt position {position}"
     return None
 
 

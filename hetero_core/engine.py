@@ -271,8 +271,16 @@ class InferenceEngine:
             if problem is not None:
                 self._fail_request(seq.request, problem, finished)
                 continue
+            if seq.request.params.prompt_logprobs is not None:
+                self.outputs.add_prompt_logprobs(seq.request, seq.num_computed_tokens, output.prompt_logprobs.get(seq.seq_id, []))
             seq.advance(work.num_new_tokens)
-            if work.do_sample:
+            if work.do_sample and seq.request.params.max_tokens == 0:  # the prompt is scored: done, with no token
+                seq.finish(FinishReason.LENGTH)
+                self.scheduler.remove(seq)
+                self._emit(seq, 0, 0)
+                if seq.request.is_finished:
+                    finished.append(seq.request)
+            elif work.do_sample:
                 token_id = output.sampled_token_ids[seq.seq_id]
                 if seq.matcher is not None and not seq.matcher.accept_token(token_id):
                     self._fail_request(

@@ -78,6 +78,7 @@ class BatchRunner:
                 continue
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
+            merged.prompt_logprobs.update(output.prompt_logprobs)
         return merged, problems
 
     def _log_failure(self, exc: Exception, error_id: str, **fields: object) -> None:

@@ -3,6 +3,12 @@
 Stop strings are matched on the detokenized text. While a request has stop
 strings, the last ``max(len(stop)) - 1`` characters are held back from the
 stream, so a client never receives text that a stop string later removes.
+The text ends before the stop string, or after it with
+``include_stop_str_in_output``.
+
+Prompt logprobs arrive from the executor chunk by chunk; they are joined in
+position order, and a chunk computed again (after a preemption) adds none
+twice.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class OutputProcessor:
         request = seq.request
         params = request.params
         if seq.detokenizer is None:
-            seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids)
+            seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
         seq.append_token(token_id)
         if logprobs is not None:
             seq.logprobs.append(logprobs)
@@ -60,14 +66,22 @@ class OutputProcessor:
 
     @staticmethod
     def _truncate_at_stop(seq: Sequence, text_before: int) -> bool:
-        """Cut the text at the first stop string that the newest text completes."""
-        stops = seq.request.params.stop
-        search_from = max(0, text_before - max(len(s) for s in stops) + 1)
-        hits = [i for i in (seq.output_text.find(s, search_from) for s in stops) if i >= 0]
+        """Cut the text at the first stop string that the newest text completes (after it, if it is kept)."""
+        params = seq.request.params
+        search_from = max(0, text_before - max(len(s) for s in params.stop) + 1)
+        hits = [(i, -len(s)) for i, s in ((seq.output_text.find(s, search_from), s) for s in params.stop) if i >= 0]
         if not hits:
             return False
-        seq.output_text = seq.output_text[: min(hits)]
+        start, minus_length = min(hits)  # the earliest stop string; of those starting there, the longest
+        seq.output_text = seq.output_text[: start - minus_length if params.include_stop_str_in_output else start]
         return True
+
+    @staticmethod
+    def add_prompt_logprobs(request: Request, start_position: int, entries: list[TokenLogprobs]) -> None:
+        """Join the prompt logprobs of a step that computed from ``start_position`` (a prefix of its own, if any)."""
+        # entries[i] scores position start_position + 1 + i; request.prompt_logprobs holds positions 1, 2, ...
+        # A sequence that scores its prompt never starts past what is held (it takes nothing from the prefix cache).
+        request.prompt_logprobs.extend(entries[len(request.prompt_logprobs) - start_position :])
 
     def delta(self, seq: Sequence, num_new_tokens: int, num_new_logprobs: int) -> StreamDelta:
         """The stream delta for what the sequence produced this step (updates what was emitted)."""
@@ -77,6 +91,11 @@ class OutputProcessor:
             end = max(seq.num_emitted_chars, end - (max(len(s) for s in params.stop) - 1))
         text = seq.output_text[seq.num_emitted_chars : end]
         seq.num_emitted_chars = end
+        request = seq.request
+        prompt_logprobs = None
+        if request.has_prompt_logprobs and not request.is_prompt_logprobs_sent:
+            request.is_prompt_logprobs_sent = True
+            prompt_logprobs = [None, *request.prompt_logprobs]
         return StreamDelta(
             request_id=seq.request.request_id,
             index=seq.index,
@@ -86,6 +105,7 @@ class OutputProcessor:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             error=seq.request.error if seq.finish_reason is FinishReason.ERROR else None,
+            prompt_logprobs=prompt_logprobs,
         )
 
 
@@ -115,4 +135,5 @@ def completed_request(request: Request) -> CompletedRequest:
         time_to_first_token=None if request.first_token_time is None else request.first_token_time - request.arrival_time,
         num_cached_tokens=request.sequences[0].num_cached_tokens,
         error=request.error,
+        prompt_logprobs=[None, *request.prompt_logprobs] if request.has_prompt_logprobs else None,
     )

@@ -14,7 +14,9 @@ class StreamDelta:
 
     ``text`` is only ever whole characters: the detokenizer holds back the
     bytes of a character split across tokens. The final delta of a sample
-    carries its ``finish_reason``; it may have empty text.
+    carries its ``finish_reason``; it may have empty text. When the request
+    asked for ``prompt_logprobs``, the first delta of the request (of any
+    sample) carries them: one entry per prompt token, the first ``None``.
     """
 
     request_id: str
@@ -25,6 +27,7 @@ class StreamDelta:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     error: str | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -44,7 +47,11 @@ class SequenceOutput:
 
 @attrs.frozen
 class CompletedRequest:
-    """A finished request. ``output_text`` and ``generated_tokens`` are sample 0's; ``outputs`` has all n."""
+    """A finished request. ``output_text`` and ``generated_tokens`` are sample 0's; ``outputs`` has all n.
+
+    ``prompt_logprobs`` (when the request asked and its prompt was scored):
+    one entry per input token, the first ``None``.
+    """
 
     request_id: str
     input_text: str
@@ -57,3 +64,4 @@ class CompletedRequest:
     time_to_first_token: float | None = None  # seconds from submission to the first output token
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     error: str | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None

@@ -122,9 +122,20 @@ class GenerationParams:
     its text is complete. ``logit_bias`` adds a bias in [-100, 100] to
     chosen tokens' logits before sampling (given as a mapping of token id to
     bias; stored as sorted pairs); -100 bans a token.
+
+    ``prompt_logprobs`` asks for the logprob of every prompt token given
+    the tokens before it (the model's raw distribution: no penalties, bias
+    or temperature), plus the ``prompt_logprobs`` most likely alternatives
+    at each position; the first prompt token has none. Such a request
+    computes every prompt position (it takes nothing from the prefix
+    cache), and only with it may ``max_tokens`` be 0: the prompt is scored
+    and the request finishes with ``length`` without generating a token.
+    ``include_stop_str_in_output`` keeps a matched stop string at the end of
+    the text; ``skip_special_tokens`` (default true) leaves control tokens
+    out of the text.
     """
 
-    max_tokens: int = attrs.field(default=100, validator=number_in(1, MAX_INT, integer=True))
+    max_tokens: int = attrs.field(default=100, validator=number_in(0, MAX_INT, integer=True))
     temperature: float = attrs.field(default=1.0, validator=number_in(0.0, 2.0))
     top_p: float = attrs.field(default=0.9, validator=number_in(0.0, 1.0, low_open=True))
     top_k: int | None = attrs.field(default=None, validator=optional(number_in(1, MAX_INT, integer=True)))
@@ -142,8 +153,16 @@ class GenerationParams:
     priority: int = attrs.field(default=0, validator=number_in(-(2**63), 2**63 - 1, integer=True))
     structured_output: StructuredOutput | None = attrs.field(default=None, validator=_check_structured_output)
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_to_bias_pairs, validator=_check_logit_bias)
+    prompt_logprobs: int | None = attrs.field(default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True)))
+    include_stop_str_in_output: bool = attrs.field(default=False, validator=_check_bool)
+    skip_special_tokens: bool = attrs.field(default=True, validator=_check_bool)
 
     def __attrs_post_init__(self) -> None:
+        if self.max_tokens == 0 and self.prompt_logprobs is None:
+            raise ValidationError(
+                "max_tokens must be at least 1, got 0 (0 is allowed only with prompt_logprobs, to score the prompt)",
+                param="max_tokens",
+            )
         if self.min_tokens > self.max_tokens:
             raise ValidationError(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}",

@@ -15,6 +15,9 @@ A request with ``n > 1`` starts as one sequence that computes its prompt
 but the last token, then forks into ``n`` sequences sharing those blocks;
 each computes the last prompt token itself (copy-on-write splits the last
 block) and samples independently.
+
+A request that asks for prompt logprobs takes nothing from the prefix
+cache, so every prompt position is computed and scored.
 """
 
 from __future__ import annotations
@@ -193,7 +196,10 @@ class Scheduler:
                 break
             if self.allocator.stats().usage > self.config.memory_threshold:
                 break
-            num_cached = self.allocator.allocate(seq.seq_id, seq.token_ids)
+            # A request that scores its prompt must compute every position: offered only its first token, the
+            # allocator finds nothing in the prefix cache (it never covers the last token it is offered).
+            known = seq.token_ids if seq.request.params.prompt_logprobs is None else seq.token_ids[:1]
+            num_cached = self.allocator.allocate(seq.seq_id, known)
             if seq.pending_forks and num_cached == prefill_target(seq):
                 # The cache holds all but the last prompt token: fork now; every
                 # sample computes that token from the next step on.

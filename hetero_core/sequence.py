@@ -143,6 +143,8 @@ class Request:
     on_output: Callable[[Any], None] | None = None
     grammar: Any = None  # the compiled params.structured_output, shared by the samples' matchers
     sequences: list[Sequence] = attrs.field(factory=list)
+    prompt_logprobs: list[Any] = attrs.field(factory=list)  # TokenLogprobs of prompt tokens 1, 2, ... as computed
+    is_prompt_logprobs_sent: bool = False  # streamed with the request's first delta
     error: str | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -150,6 +152,11 @@ class Request:
     @property
     def priority(self) -> int:
         return self.params.priority
+
+    @property
+    def has_prompt_logprobs(self) -> bool:
+        """Every prompt token after the first is scored (never true when the request did not ask)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) == len(self.prompt_token_ids) - 1
 
     @property
     def is_finished(self) -> bool:

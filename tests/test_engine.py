@@ -75,6 +75,24 @@ def test_stop_string_truncates_and_is_never_streamed(make_engine) -> None:
     assert streamed[-1].finish_reason is FinishReason.STOP
 
 
+def test_stop_string_kept_when_asked_even_streamed(make_engine) -> None:
+    engine = make_engine(executor={"name": "mock", "vocab_size": 128})
+    free = engine.generate(["find a stop"], GenerationParams(temperature=0.0, max_tokens=30))[0].output_text
+    stop = free[8:11]
+    params = GenerationParams(temperature=0.0, max_tokens=30, stop=[stop], include_stop_str_in_output=True)
+    streamed = list(engine.stream("find a stop", params))
+    assert "".join(d.text for d in streamed) == free[: free.index(stop) + 3] == engine.generate(["find a stop"], params)[0].output_text
+    assert streamed[-1].finish_reason is FinishReason.STOP
+
+
+def test_special_tokens_enter_the_text_only_when_not_skipped(make_engine) -> None:
+    engine = make_engine()
+    bos = engine.tokenizer.bos_token_id
+    forced = dict(temperature=0.0, max_tokens=2, logit_bias={bos: 100})
+    assert engine.generate(["x"], GenerationParams(**forced))[0].output_text == ""
+    assert engine.generate(["x"], GenerationParams(**forced, skip_special_tokens=False))[0].output_text == "<s><s>"
+
+
 def test_stream_deltas_concatenate_to_the_output(make_engine) -> None:
     engine = make_engine()
     deltas = list(engine.stream("stream me", GREEDY))

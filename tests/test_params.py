@@ -11,7 +11,7 @@ from hetero_core.params import GenerationParams
 
 # field -> (values accepted, values rejected, text of the allowed range)
 BOUNDS = {
-    "max_tokens": ([1, 10**6, 2**31 - 1], [0, -1, 1.5, True, 2**31], "[1, 2147483647]"),
+    "max_tokens": ([1, 10**6, 2**31 - 1], [-1, 1.5, True, 2**31], "[0, 2147483647]"),
     "temperature": ([0.0, 2.0, 0, 1, 1e-38], [-1e-9, 2.000001, float("nan"), float("inf"), "1"], "[0.0, 2.0]"),
     "top_p": ([1e-9, 1.0], [0.0, 1.000001, -0.5, float("nan")], "(0.0, 1.0]"),
     "top_k": ([None, 1, 50, 2**31 - 1], [0, -1, 2.0, 9223372036854775808], "[1, 2147483647]"),
@@ -25,6 +25,9 @@ BOUNDS = {
     "min_tokens": ([0, 100], [-1, 101], "[0"),
     "priority": ([-(10**9), 0, 10**9], [0.5, None, 2**63], "integer"),
     "ignore_eos": ([True, False], [1, "yes", None], "true or false"),
+    "prompt_logprobs": ([None, 0, 20], [-1, 21, 1.5], "[0, 20]"),
+    "include_stop_str_in_output": ([True, False], [1, None], "true or false"),
+    "skip_special_tokens": ([True, False], [0, "no"], "true or false"),
 }
 
 
@@ -43,6 +46,13 @@ def test_bounds(field: str) -> None:
 def test_defaults_are_the_seed_ones() -> None:
     params = GenerationParams()
     assert (params.max_tokens, params.temperature, params.top_p) == (100, 1.0, 0.9)
+
+
+def test_max_tokens_zero_only_scores_the_prompt() -> None:
+    assert GenerationParams(max_tokens=0, prompt_logprobs=0).max_tokens == 0
+    with pytest.raises(ValidationError, match="max_tokens must be at least 1, got 0.*prompt_logprobs") as raised:
+        GenerationParams(max_tokens=0)
+    assert raised.value.param == "max_tokens"
 
 
 def test_stop_strings() -> None:
@@ -107,4 +117,4 @@ def test_any_json_is_either_valid_params_or_a_validation_error(values) -> None:
     except ValidationError as exc:
         assert exc.param in attrs.fields_dict(GenerationParams) or exc.param in ("stop", "min_tokens")
     else:
-        assert params.max_tokens >= 1
+        assert params.max_tokens >= 1 or params.prompt_logprobs is not None

@@ -12,7 +12,9 @@ It honours what a request wants of its next token as far as a stand-in
 can: the hash picks among the structured-output ``allowed_tokens`` only,
 a ``logit_bias`` of -100 bans a token and one of +100 forces it (other
 biases cannot move an arbitrary choice), and its end-of-sequence draw is
-taken only when the mask allows EOS.
+taken only when the mask allows EOS. Its distribution puts the token it
+would pick at probability 1/2 and the following token ids at 1/4, 1/8, ...,
+and it scores prompt tokens against that distribution.
 """
 
 from __future__ import annotations
@@ -99,20 +101,28 @@ class MockExecutor:
                 self._slots[self._slot(seq, seq.start_position + offset)] = token_id
         sampled: dict[int, int] = {}
         logprobs: dict[int, TokenLogprobs] = {}
+        prompt_logprobs: dict[int, list[TokenLogprobs]] = {}
         for seq in batch.sequences:
-            if not seq.do_sample:
+            positions = seq.prompt_logprob_positions
+            if not seq.do_sample and not positions:
                 continue
             num_tokens = seq.start_position + len(seq.token_ids)
             context = [self._slots[self._slot(seq, p)] for p in range(num_tokens)]
+            if positions:
+                prompt_logprobs[seq.seq_id] = [
+                    self._prompt_logprob(context[:p], seq.all_token_ids[p], seq.params.prompt_logprobs) for p in positions
+                ]
+            if not seq.do_sample:
+                continue
             candidates = self._candidates(seq)
-            token_id = self._next_token(context, seq, candidates)
+            token_id = self._next_token(context, seq.seed, candidates)
             sampled[seq.seq_id] = token_id
             if seq.params.logprobs is not None:
                 logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs, candidates)
         self.num_executed_batches += 1
         if self._step_latency:
             time.sleep(self._step_latency)
-        return ExecutionOutput(sampled, logprobs)
+        return ExecutionOutput(sampled, logprobs, prompt_logprobs=prompt_logprobs)
 
     def close(self) -> None:
         self._slots = []
@@ -121,8 +131,8 @@ class MockExecutor:
         block = seq.block_table[position // self._block_size]
         return block * self._block_size + position % self._block_size
 
-    def _next_token(self, context: list[int], seq: ScheduledSequence, candidates: list[int] | None) -> int:
-        digest = hashlib.blake2b(repr((context, seq.seed)).encode(), digest_size=8).digest()
+    def _next_token(self, context: list[int], seed: int | None, candidates: list[int] | None) -> int:
+        digest = hashlib.blake2b(repr((context, seed)).encode(), digest_size=8).digest()
         value = int.from_bytes(digest, "little")
         wants_eos = value & 0xFFFFFFFF < self._eos_threshold
         if candidates is None:
@@ -143,6 +153,13 @@ class MockExecutor:
             candidates = allowed_token_ids(seq.allowed_tokens, vocab_size).tolist()
         forced = [t for t in candidates if bias.get(t, 0.0) >= 100.0]
         return forced or [t for t in candidates if bias.get(t, 0.0) > -100.0]
+
+    def _prompt_logprob(self, context: list[int], token_id: int, num_top: int) -> TokenLogprobs:
+        """``token_id`` in the unconstrained, unseeded distribution that follows ``context``."""
+        greedy = self._next_token(context, None, None)
+        distance = (token_id - greedy) % self._info.vocab_size
+        entry = self._logprobs(greedy, num_top, None)
+        return TokenLogprobs(token_id, math.log(0.5) * (distance + 1), entry.top, rank=distance + 1)
 
     def _logprobs(self, token_id: int, num_top: int, candidates: list[int] | None) -> TokenLogprobs:
         """The sampled token at probability 1/2, then the next tokens it may take at 1/4, 1/8, ..."""

@@ -70,6 +70,10 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float, default=0.9)
     group.add_argument("--top-k", type=int)
     group.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    group.add_argument("--include-stop-str-in-output", action="store_true", help="keep the stop string that ended the text")
+    group.add_argument(
+        "--skip-special-tokens", action=argparse.BooleanOptionalAction, default=True, help="leave control tokens out of the text"
+    )
     constraint = group.add_mutually_exclusive_group()
     constraint.add_argument("--json-schema", metavar="FILE", help="answer with JSON valid against the JSON schema in FILE")
     constraint.add_argument("--regex", help="answer with text that matches this regular expression")
@@ -116,6 +120,8 @@ def generation_params(args: argparse.Namespace) -> GenerationParams:
         top_k=args.top_k,
         seed=args.seed,
         stop=args.stop,
+        include_stop_str_in_output=args.include_stop_str_in_output,
+        skip_special_tokens=args.skip_special_tokens,
         structured_output=structured_output(args),
     )
 

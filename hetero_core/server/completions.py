@@ -53,7 +53,8 @@ async def _generate(service: Service, request: Request, body: Any, format_class:
         service.live.discard(generation)
     _raise_if_failed(choices)
     payload = [shape.whole(choice) for choice in choices]
-    return envelope(shape.response_object, request_id, created, service.model_name, payload, generation.usage())
+    response = envelope(shape.response_object, request_id, created, service.model_name, payload, generation.usage())
+    return response | shape.response_fields(choices)
 
 
 async def _chunks(service: Service, generation: Generation, shape: Any, include_usage: bool, created: int) -> AsyncIterator[str]:

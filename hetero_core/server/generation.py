@@ -41,6 +41,7 @@ class Choice:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     failure: APIError | None = None  # what the client is told when the sample failed
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # its input's, shared by the input's choices
 
 
 class Generation:
@@ -109,6 +110,9 @@ class Generation:
                     yield choice, StreamDelta(self.request_id, choice.index, "", [], finish_reason=FinishReason.ERROR)
                 return
             number, delta = item
+            if delta.prompt_logprobs is not None:  # the input's first delta: every sample of it was given this prompt
+                for sibling in self.choices[number * self.params.n : (number + 1) * self.params.n]:
+                    sibling.prompt_logprobs = delta.prompt_logprobs
             choice = self.choices[number * self.params.n + delta.index]
             if choice.finish_reason is not None:  # a second final delta from a faulty backend changes nothing
                 continue

@@ -29,6 +29,8 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
             )
         params = body.params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
         _check_request_size(len(inputs), params, backend, config)
+        if params.prompt_logprobs is not None and backend.tokenizer is not None:  # the response names each prompt token
+            inputs = [(backend.tokenizer.encode(p) if isinstance(p, str) else p, None) for p, _ in inputs]
         return inputs, params
 
     return prepare
@@ -38,8 +40,11 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
     def prepare() -> tuple[list[Input], GenerationParams]:
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-        if body.max_completion_tokens is not None and body.max_completion_tokens < 1:
-            raise APIError(400, f"max_completion_tokens must be at least 1, got {body.max_completion_tokens}", param="max_completion_tokens")
+        if body.prompt_logprobs is not None and body.stream:
+            raise APIError(400, "prompt_logprobs is not supported with stream: true on chat completions", param="prompt_logprobs")
+        least = 0 if body.prompt_logprobs is not None else 1  # 0 only scores the prompt
+        if body.max_completion_tokens is not None and body.max_completion_tokens < least:
+            raise APIError(400, f"max_completion_tokens must be at least {least}, got {body.max_completion_tokens}", param="max_completion_tokens")
         messages = [message.to_template() for message in body.messages]
         prompt: Sequence[int] | None = None
         context_left = CHAT_DEFAULT_MAX_TOKENS

@@ -4,6 +4,15 @@ No non-finite number reaches a client: a logprob of minus infinity (a token
 the request's parameters ruled out) is sent as -9999.0, as OpenAI does, and
 any other non-finite number is a fault that fails the request with a
 logged 500 rather than an invalid JSON document.
+
+Prompt logprobs take two shapes. ``echo`` with ``logprobs`` on completions
+puts the prompt's tokens first in the legacy logprobs object, the first
+with a ``null`` logprob and ``null`` top alternatives (as OpenAI did).
+vLLM's ``prompt_logprobs: K`` adds a ``prompt_logprobs`` list (per choice on
+completions, on the response for chat): ``null`` for the first prompt
+token, then per token ``{token_id: {"logprob", "rank", "decoded_token"}}``
+for the prompt token and the K most likely ones. Streamed, both come in
+the first chunk of each choice.
 """
 
 from __future__ import annotations
@@ -46,6 +55,23 @@ def envelope(kind: str, request_id: str, created: int, model: str, choices: list
     return body
 
 
+def vllm_prompt_logprobs(tokenizer: Any, scored: list[TokenLogprobs | None] | None, num_top: int) -> list | None:
+    """vLLM's ``prompt_logprobs``: the prompt token first (with its true rank), then the ``num_top`` most likely."""
+    if scored is None:
+        return None
+
+    def entry(token_id: int, logprob: float, rank: int) -> dict[str, Any]:
+        return {"logprob": finite_logprob(logprob), "rank": rank, "decoded_token": tokenizer.decode([token_id], skip_special_tokens=False)}
+
+    result: list[dict[str, Any] | None] = [None]
+    for scoring in scored[1:]:
+        ranked = {str(scoring.token_id): entry(scoring.token_id, scoring.logprob, scoring.rank)}
+        for rank, (token_id, logprob) in enumerate(scoring.top[:num_top], start=1):
+            ranked.setdefault(str(token_id), entry(token_id, logprob, rank))
+        result.append(ranked)
+    return result
+
+
 class CompletionFormat:
     """``/v1/completions``: text choices, ``echo``, the legacy logprobs object."""
 
@@ -64,35 +90,57 @@ class CompletionFormat:
         prompt = self.generation.inputs[choice.index // self.generation.params.n][0]
         return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
 
-    def _logprobs(self, entries: list[TokenLogprobs], text_offset: int) -> dict | None:
+    def _logprobs(self, choice: Choice, entries: list[TokenLogprobs], text_offset: int, *, with_prompt: bool) -> dict | None:
         if self.body.logprobs is None:
             return None
-        tokens, token_logprobs, top, offsets = [], [], [], []
-        offset = text_offset
-        for entry in entries:
-            text = self.tokenizer.decode([entry.token_id], skip_special_tokens=False)
-            tokens.append(text)
-            token_logprobs.append(finite_logprob(entry.logprob))
-            top.append({self.tokenizer.decode([t], skip_special_tokens=False): finite_logprob(lp) for t, lp in entry.top})
-            offsets.append(offset)
+        legacy: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        if with_prompt and self.body.echoes_logprobs and choice.prompt_logprobs is not None:
+            prompt_ids = self.generation.inputs[choice.index // self.generation.params.n][0]  # ids: see completion_inputs
+            self._add(legacy, zip(prompt_ids, choice.prompt_logprobs), 0)
+        self._add(legacy, ((entry.token_id, entry) for entry in entries), text_offset)
+        return legacy
+
+    def _add(self, legacy: dict[str, list], entries: Any, offset: int) -> None:
+        """Append (token id, its TokenLogprobs or None for the first prompt token) pairs to the legacy object."""
+        for token_id, entry in entries:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            legacy["tokens"].append(text)
+            legacy["text_offset"].append(offset)
             offset += len(text)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+            if entry is None:
+                legacy["token_logprobs"].append(None)
+                legacy["top_logprobs"].append(None)
+                continue
+            legacy["token_logprobs"].append(finite_logprob(entry.logprob))
+            top = entry.top[: self.body.logprobs]
+            legacy["top_logprobs"].append({self.tokenizer.decode([t], skip_special_tokens=False): finite_logprob(lp) for t, lp in top})
+
+    def _with_prompt_logprobs(self, payload: dict, choice: Choice) -> dict:
+        if self.body.prompt_logprobs is not None:
+            payload["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, choice.prompt_logprobs, self.body.prompt_logprobs)
+        return payload
 
     def chunk(self, choice: Choice, delta: StreamDelta) -> dict | None:
         text = delta.text
-        if choice.index not in self._echoed:
+        is_first = choice.index not in self._echoed
+        if is_first:
             self._echoed.add(choice.index)
             text = self._prefix(choice) + text
         if not text and not delta.finish_reason and not delta.token_ids:
             return None
         offset = len(choice.text) - len(delta.text)
-        logprobs = self._logprobs(delta.logprobs or [], offset)
-        return {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+        logprobs = self._logprobs(choice, delta.logprobs or [], offset, with_prompt=is_first)
+        payload = {"index": choice.index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+        return self._with_prompt_logprobs(payload, choice) if is_first else payload
 
     def whole(self, choice: Choice) -> dict:
         prefix = self._prefix(choice)
-        logprobs = self._logprobs(choice.logprobs, len(prefix))
-        return {"index": choice.index, "text": prefix + choice.text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+        logprobs = self._logprobs(choice, choice.logprobs, len(prefix), with_prompt=True)
+        payload = {"index": choice.index, "text": prefix + choice.text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+        return self._with_prompt_logprobs(payload, choice)
+
+    def response_fields(self, choices: list[Choice]) -> dict:
+        return {}
 
 
 class ChatFormat:
@@ -127,3 +175,9 @@ class ChatFormat:
     def whole(self, choice: Choice) -> dict:
         message = {"role": "assistant", "content": choice.text}
         return {"index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs), "finish_reason": finish_reason(choice)}
+
+    def response_fields(self, choices: list[Choice]) -> dict:
+        """vLLM's ``prompt_logprobs`` belong to the chat response (one prompt for every choice)."""
+        if self.body.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, choices[0].prompt_logprobs, self.body.prompt_logprobs)}

@@ -75,6 +75,9 @@ class SamplingFields(ConstraintFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
+    prompt_logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def params(self, max_tokens: int, logprobs: int | None) -> GenerationParams:
         """The engine's parameters (OpenAI's defaults where a field is absent)."""
@@ -99,8 +102,16 @@ class SamplingFields(ConstraintFields):
             "priority": self.priority,
             "structured_output": self.structured_output(),
             "logit_bias": self.token_bias(),
+            "prompt_logprobs": self.scored_prompt_logprobs,
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
         }
         return GenerationParams(**values)
+
+    @property
+    def scored_prompt_logprobs(self) -> int | None:
+        """How many alternatives the engine reports per prompt token (None: the prompt is not scored)."""
+        return self.prompt_logprobs
 
     @property
     def include_usage(self) -> bool:
@@ -112,6 +123,16 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
+
+    @property
+    def echoes_logprobs(self) -> bool:
+        """``echo`` with ``logprobs``: the legacy logprobs object covers the prompt tokens too."""
+        return self.echo and self.logprobs is not None
+
+    @property
+    def scored_prompt_logprobs(self) -> int | None:
+        wanted = [k for k in (self.prompt_logprobs, self.logprobs if self.echoes_logprobs else None) if k is not None]
+        return max(wanted) if wanted else None
 
 
 class TextPart(BaseModel):

@@ -224,3 +224,41 @@ class ExecutorContract:
         assert entry.token_id == out.sampled_token_ids[0] == entry.top[0][0]
         assert {token for token, _ in entry.top} <= set(allowed)
         assert math.isclose(entry.logprob, entry.top[0][1])
+
+    def test_prompt_logprobs_cover_every_position_whatever_the_chunking(self, ready: Executor) -> None:
+        tokens = prompt(ready, 11, seed=17)
+        params = GenerationParams(temperature=0.0, prompt_logprobs=3)
+        whole = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 11, [0, 1, 2], params=params)], BLOCK_SIZE))
+        entries = whole.prompt_logprobs[0]
+        assert [e.token_id for e in entries] == tokens[1:], "one entry per prompt token after the first, in order"
+        for entry in entries:
+            top = [lp for _, lp in entry.top]
+            assert len(top) == 3 and top == sorted(top, reverse=True)
+            assert all(math.isfinite(lp) and lp <= 0.0 for lp in [entry.logprob, *top])
+            assert sum(math.exp(lp) for lp in top) <= 1.0 + 1e-4, "the top alternatives hold more than all the mass"
+            assert entry.rank >= 1 and entry.logprob <= top[0] + 1e-4
+            if entry.token_id in dict(entry.top):
+                assert math.isclose(entry.logprob, dict(entry.top)[entry.token_id], abs_tol=1e-4)
+        table = [7, 3, 9]  # scattered blocks; the middle chunk does not sample
+        chunked = []
+        for start, count in ((0, 4), (4, 3), (7, 4)):
+            out = ready.execute(ExecutionBatch([scheduled(1, tokens, start, count, table, params=params)], BLOCK_SIZE))
+            chunked += out.prompt_logprobs[1]
+        assert [e.token_id for e in chunked] == tokens[1:]
+        for alone, piece in zip(entries, chunked):
+            assert math.isclose(piece.logprob, alone.logprob, rel_tol=1e-2, abs_tol=1e-2)
+
+    def test_prompt_logprobs_agree_with_the_sampled_token_logprob(self, ready: Executor) -> None:
+        prefix = prompt(ready, 6, seed=18)
+        sampling = GenerationParams(temperature=0.0, logprobs=2)
+        out = ready.execute(ExecutionBatch([scheduled(0, prefix, 0, 6, [0, 1], params=sampling)], BLOCK_SIZE))
+        greedy = out.logprobs[0]
+        tokens = [*prefix, out.sampled_token_ids[0]]
+        scoring = GenerationParams(temperature=0.0, prompt_logprobs=2, max_tokens=0)
+        neighbour = scheduled(2, prompt(ready, 5, seed=19), 0, 5, [4, 5])  # asks for none, gets none
+        scored = ready.execute(ExecutionBatch([neighbour, scheduled(1, tokens, 0, 7, [2, 3], params=scoring)], BLOCK_SIZE))
+        assert set(scored.prompt_logprobs) <= {1} and not scored.prompt_logprobs.get(2)
+        last = scored.prompt_logprobs[1][-1]
+        assert last.token_id == greedy.token_id and last.rank == 1
+        assert math.isclose(last.logprob, greedy.logprob, rel_tol=1e-3, abs_tol=1e-3)
+        assert [t for t, _ in last.top] == [t for t, _ in greedy.top]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hetero_core.cli.main import build_parser, main
-from hetero_core.cli.options import engine_config
+from hetero_core.cli.options import engine_config, generation_params
 
 MOCK = ["--tokenizer", "simple", "--executor", "mock", "--block-size", "4"]
 
@@ -131,3 +131,10 @@ def test_a_schema_file_that_is_not_json_is_an_input_error(tmp_path, capsys) -> N
     schema_file.write_text("{not json")
     assert main(["--input", "hello", "--json-schema", str(schema_file), *MOCK]) == 2
     assert "the JSON schema is not valid JSON" in capsys.readouterr().err
+
+
+def test_output_shaping_flags_reach_the_parameters() -> None:
+    plain = generation_params(build_parser().parse_args(["--input", "x"]))
+    assert not plain.include_stop_str_in_output and plain.skip_special_tokens
+    shaped = generation_params(build_parser().parse_args(["--input", "x", "--stop", "!", "--include-stop-str-in-output", "--no-skip-special-tokens"]))
+    assert shaped.include_stop_str_in_output and not shaped.skip_special_tokens

@@ -64,7 +64,12 @@ def test_logit_bias_of_minus_100_removes_the_greedy_token(client, model_server) 
 REFUSED = [
     ("/v1/completions", {"suffix": "!"}, "suffix"),
     ("/v1/completions", {"best_of": 2}, "best_of"),
-    ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
+    ("/v1/completions", {"max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"max_tokens": 0, "echo": True}, "max_tokens"),
+    ("/v1/completions", {"skip_special_tokens": "no"}, "skip_special_tokens"),
+    ("/v1/chat/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),

@@ -1,4 +1,4 @@
-"""The numba-cuda executor gives the torch executor's greedy tokens (on the CUDA simulator when no GPU)."""
+"""The numba-cuda executor gives the torch executor's greedy tokens and prompt logprobs (on the CUDA simulator when no GPU)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,13 @@ def tiny_model(tmp_path_factory) -> Path:
     return folder
 
 
-def torch_tokens(model: Path) -> list[list[int]]:
+def torch_outputs(model: Path) -> list[tuple[list[int], list[float]]]:
+    """Greedy tokens and prompt logprobs (chunked prefill) of the torch executor."""
     engine = InferenceEngine(
         EngineConfig(model=str(model), tokenizer="simple", executor={"name": "torch", "dtype": "float32"}, block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6)
     )
-    return [r.generated_tokens for r in engine.generate(PROMPTS, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True))]
+    records = engine.generate(PROMPTS, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=1))
+    return [(r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]) for r in records]
 
 
 @pytest.mark.parametrize("decode_graphs", [False, True], ids=["eager", "graphs"])
@@ -45,7 +47,10 @@ def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: boo
     arguments = [str(tiny_model), json.dumps(PROMPTS), json.dumps(decode_graphs)]
     result = subprocess.run([sys.executable, str(SCRIPT), *arguments], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == torch_tokens(tiny_model)
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    for (tokens, logprobs), (expected_tokens, expected_logprobs) in zip(got, torch_outputs(tiny_model), strict=True):
+        assert tokens == expected_tokens
+        assert logprobs == pytest.approx(expected_logprobs, abs=1e-4)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown when there is no GPU")

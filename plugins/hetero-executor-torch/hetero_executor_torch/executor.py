@@ -20,6 +20,7 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
+from hetero_executor_torch.prompt_scoring import score_prompts
 from hetero_executor_torch.quantized import WEIGHT_FORMATS
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
@@ -203,15 +204,25 @@ class TorchExecutor:
         with torch.inference_mode(), self._on_device():
             self._copy_blocks(batch)
             ordered = self._ordered(batch)
-            hidden = self._replay_decodes(ordered)
+            scores_prompts = any(s.prompt_logprob_positions for s in ordered)
+            hidden = None if scores_prompts else self._replay_decodes(ordered)
+            prompt_logprobs: dict[int, list] = {}
+            errors: dict[int, str] = {}
             if hidden is not None:
                 logits = self.model.logits(hidden)
             else:
-                logits = self.model.forward(*self._prepare(ordered))
+                input_ids, positions, attention, kv_caches, logits_indices = self._prepare(ordered)
+                hidden = self.model.hidden_states(input_ids, positions, attention, kv_caches)
+                logits = self.model.logits_at(hidden, logits_indices)
+                if scores_prompts:
+                    prompt_logprobs, errors = score_prompts(
+                        lambda rows: self.model.logits_at(hidden, rows), ordered, self.model_config.vocab_size, self.device
+                    )
             sampled = [s for s in ordered if s.do_sample]
-            if not sampled:
-                return ExecutionOutput({})
-            return sample_each_alone_on_failure(self.sampler, logits, sampled)
+            output = sample_each_alone_on_failure(self.sampler, logits, sampled) if sampled else ExecutionOutput({})
+            output.prompt_logprobs = prompt_logprobs
+            output.errors.update(errors)  # a prompt that cannot be scored fails its sequence, sampled or not
+            return output
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""

@@ -119,8 +119,11 @@ class LlamaModel:
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Logits (float32, [len(logits_indices), vocab]) for the tokens at ``logits_indices``."""
-        hidden = self.hidden_states(input_ids, positions, attention, kv_caches)
-        return self.logits(self.rms_norm(hidden[logits_indices], self.norm))
+        return self.logits_at(self.hidden_states(input_ids, positions, attention, kv_caches), logits_indices)
+
+    def logits_at(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of the residual stream's rows at ``indices`` (through the last norm and the head)."""
+        return self.logits(self.rms_norm(hidden[indices], self.norm))
 
     def logits(self, normed_hidden: torch.Tensor) -> torch.Tensor:
         """The head's float32 logits for final hidden states that have been through the last norm."""

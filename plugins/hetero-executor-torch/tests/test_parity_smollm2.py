@@ -87,3 +87,22 @@ def test_decode_graphs_give_the_same_tokens_on_the_real_model(generations) -> No
     records = engine.generate([r.input_tokens for r in generations], params)
     assert [r.generated_tokens for r in records] == [r.generated_tokens for r in generations]
     assert engine.executor.graphs.num_graphs > 1
+
+
+def test_prompt_logprobs_match_transformers(reference, engine, generations) -> None:
+    """Each prompt token's logprob, rank and top 5 as transformers' log-softmax gives them (float32), though
+    the prompt's blocks are in the prefix cache: a scored prompt is computed again, every position."""
+    ids = generations[2].input_tokens
+    scored = engine.generate([ids], GenerationParams(max_tokens=0, prompt_logprobs=5))[0]
+    assert scored.num_cached_tokens == 0 and scored.generated_tokens == [] and scored.prompt_logprobs[0] is None
+    entries = scored.prompt_logprobs[1:]
+    assert [e.token_id for e in entries] == ids[1:]
+    with torch.inference_mode():
+        expected = torch.log_softmax(reference(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
+    want = expected.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor([e.logprob for e in entries]), want, atol=2e-3, rtol=1e-3)
+    top_values = expected.topk(5, dim=-1).values
+    torch.testing.assert_close(torch.tensor([[lp for _, lp in e.top] for e in entries]), top_values, atol=2e-3, rtol=1e-3)
+    for position, (entry, target) in enumerate(zip(entries, want)):
+        above, near = int((expected[position] > target + 2e-3).sum()), int(((expected[position] - target).abs() <= 2e-3).sum())
+        assert above + 1 <= entry.rank <= above + near, f"position {position + 1}: rank {entry.rank}"

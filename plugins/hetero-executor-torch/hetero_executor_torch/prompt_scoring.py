@@ -1,0 +1,68 @@
+"""Prompt logprobs: how likely each prompt token was, given the tokens before it.
+
+The head runs only over the rows that score a prompt token (the positions
+whose next token is still in the prompt) of the sequences that ask
+(``params.prompt_logprobs``), and over at most ``ROWS_PER_SLICE`` rows at a
+time, so a long prompt never holds a full ``[prompt, vocab]`` logits
+tensor. Logprobs come from the model's raw distribution (no penalties,
+bias, mask or temperature) and are clamped at ``MIN_LOGPROB`` like the
+sampler's; the rank is 1 + how many tokens are strictly more likely.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from hetero_core.batch import ScheduledSequence, TokenLogprobs
+from hetero_executor_torch.sampling import MIN_LOGPROB
+
+ROWS_PER_SLICE = 256  # at SmolLM2's vocabulary, 50 MB of float32 logits per slice
+
+LogitsAt = Callable[[torch.Tensor], torch.Tensor]  # float32 logits of the hidden rows at these indices
+
+
+def score_prompts(
+    logits_at: LogitsAt, ordered: Sequence[ScheduledSequence], vocab_size: int, device: torch.device
+) -> tuple[dict[int, list[TokenLogprobs]], dict[int, str]]:
+    """Per sequence that asks, the prompt logprobs of its positions scored this step; errors for non-finite logits.
+
+    ``ordered`` is the forward pass's layout: each sequence's tokens are
+    consecutive rows, in this order.
+    """
+    scored: dict[int, list[TokenLogprobs]] = {}
+    errors: dict[int, str] = {}
+    first_row = 0
+    for seq in ordered:
+        positions = seq.prompt_logprob_positions
+        if positions:
+            # the row of position p - 1 scores the token at position p
+            start = first_row + positions.start - 1 - seq.start_position
+            targets = seq.all_token_ids[positions.start : positions.stop]
+            entries = []
+            for offset in range(0, len(targets), ROWS_PER_SLICE):
+                rows = torch.arange(start + offset, start + min(offset + ROWS_PER_SLICE, len(targets)), device=device)
+                logits = logits_at(rows)[:, :vocab_size]
+                if (logits.isnan() | (logits == float("inf"))).any():
+                    errors[seq.seq_id] = "the model produced non-finite logits for this sequence's prompt"
+                    break
+                entries += _entries(logits, targets[offset : offset + len(rows)], seq.params.prompt_logprobs)
+            else:
+                scored[seq.seq_id] = entries
+        first_row += len(seq.token_ids)
+    return scored, errors
+
+
+def _entries(logits: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprobs]:
+    logprobs = torch.log_softmax(logits, dim=-1)
+    target = torch.tensor(targets, device=logits.device)[:, None]
+    chosen = logprobs.gather(1, target)
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    chosen = chosen[:, 0].clamp(min=MIN_LOGPROB).tolist()
+    if num_top:
+        top_values, top_ids = logprobs.topk(min(num_top, logprobs.shape[1]), dim=-1)
+        tops = [list(zip(ids, values)) for ids, values in zip(top_ids.tolist(), top_values.clamp(min=MIN_LOGPROB).tolist())]
+    else:
+        tops = [[] for _ in targets]
+    return [TokenLogprobs(t, lp, top, rank=r) for t, lp, top, r in zip(targets, chosen, tops, ranks)]
