@@ -25,10 +25,12 @@ import time
 from typing import Any
 
 import attrs
+import numpy as np
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
 from hetero_core.errors import ConfigError, ExecutionError
 from hetero_core.protocols import ModelInfo
+from hetero_core.step_layout import layout, slots
 from hetero_core.structured_output import allowed_token_ids
 from hetero_core.validators import number_in
 
@@ -72,7 +74,7 @@ class MockExecutor:
         self._eos_token_id = eos_token_id
         self._eos_threshold = int(eos_probability * 2**32)
         self._step_latency = step_latency
-        self._slots: list[int] = []
+        self._slots = np.empty(0, dtype=np.int64)
         self._block_size = 0
         self.num_executed_batches = 0
 
@@ -84,7 +86,7 @@ class MockExecutor:
         return block_size * SLOT_BYTES
 
     def initialize_cache(self, num_blocks: int, block_size: int) -> None:
-        self._slots = [-1] * (num_blocks * block_size)
+        self._slots = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self._block_size = block_size
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
@@ -96,9 +98,8 @@ class MockExecutor:
             raise ExecutionError(f"batch block_size {batch.block_size} != cache block_size {size}")
         for copy in batch.block_copies:
             self._slots[copy.dst * size : (copy.dst + 1) * size] = self._slots[copy.src * size : (copy.src + 1) * size]
-        for seq in batch.sequences:
-            for offset, token_id in enumerate(seq.token_ids):
-                self._slots[self._slot(seq, seq.start_position + offset)] = token_id
+        step = layout(batch)
+        self._slots[step.slot_mapping] = step.input_ids
         sampled: dict[int, int] = {}
         logprobs: dict[int, TokenLogprobs] = {}
         prompt_logprobs: dict[int, list[TokenLogprobs]] = {}
@@ -107,7 +108,7 @@ class MockExecutor:
             if not seq.do_sample and not positions:
                 continue
             num_tokens = seq.start_position + len(seq.token_ids)
-            context = [self._slots[self._slot(seq, p)] for p in range(num_tokens)]
+            context = self._slots[slots(seq.block_table, np.arange(num_tokens), size)].tolist()
             if positions:
                 prompt_logprobs[seq.seq_id] = [
                     self._prompt_logprob(context[:p], seq.all_token_ids[p], seq.params.prompt_logprobs) for p in positions
@@ -125,11 +126,7 @@ class MockExecutor:
         return ExecutionOutput(sampled, logprobs, prompt_logprobs=prompt_logprobs)
 
     def close(self) -> None:
-        self._slots = []
-
-    def _slot(self, seq: ScheduledSequence, position: int) -> int:
-        block = seq.block_table[position // self._block_size]
-        return block * self._block_size + position % self._block_size
+        self._slots = np.empty(0, dtype=np.int64)
 
     def _next_token(self, context: list[int], seed: int | None, candidates: list[int] | None) -> int:
         digest = hashlib.blake2b(repr((context, seed)).encode(), digest_size=8).digest()

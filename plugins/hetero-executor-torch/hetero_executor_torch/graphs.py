@@ -42,7 +42,7 @@ import structlog
 import torch
 from torch.overrides import TorchFunctionMode
 
-from hetero_core.batch import ScheduledSequence
+from hetero_core.step_layout import StepLayout
 from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, KernelInputs, paged_attention
 from hetero_executor_torch.model import LlamaModel
 
@@ -139,10 +139,6 @@ def smallest_at_least(buckets: Sequence[int], value: int) -> int:
     return next(b for b in buckets if b >= value)
 
 
-def is_graph_decode(seq: ScheduledSequence) -> bool:
-    return len(seq.token_ids) == 1 and seq.start_position > 0 and seq.do_sample
-
-
 class DecodeGraphs:
     """Replays decode-only steps of up to ``max_batch`` sequences from graphs, one per bucket.
 
@@ -182,16 +178,17 @@ class DecodeGraphs:
     def num_graphs(self) -> int:
         return len(self.graphs)
 
-    def can_run(self, seqs: Sequence[ScheduledSequence]) -> bool:
-        """Whether a step of ``seqs`` is decodes only and fits the largest bucket."""
-        return 0 < len(seqs) <= self.batch_buckets[-1] and all(is_graph_decode(s) for s in seqs)
+    def can_run(self, step: StepLayout) -> bool:
+        """Whether ``step`` is sampled decodes only and fits the largest bucket."""
+        num_seqs = len(step.sequences)
+        return 0 < num_seqs == step.num_decodes <= self.batch_buckets[-1] and all(s.do_sample for s in step.sequences)
 
-    def run(self, seqs: Sequence[ScheduledSequence]) -> torch.Tensor:
-        """The final (normed) hidden states of ``seqs``' decode tokens, ``[len(seqs), hidden]``."""
-        lengths = [s.start_position + 1 for s in seqs]
-        rows = smallest_at_least(self.batch_buckets, len(seqs))
-        width = smallest_at_least(self.width_buckets, -(-max(lengths) // self.block_size))
-        self._fill(seqs, lengths, rows, width)
+    def run(self, step: StepLayout) -> torch.Tensor:
+        """The final (normed) hidden states of the step's decode tokens, ``[num_decodes, hidden]``."""
+        num_seqs = step.num_decodes
+        rows = smallest_at_least(self.batch_buckets, num_seqs)
+        width = smallest_at_least(self.width_buckets, -(-int(step.context_lens.max()) // self.block_size))
+        self._fill(step, rows, width)
         key = (rows, width)
         if key not in self.graphs:
             started = time.perf_counter()
@@ -203,21 +200,19 @@ class DecodeGraphs:
             log.debug("decode graph captured", batch=rows, blocks=width, seconds=round(time.perf_counter() - started, 3))
         replay, _ = self.graphs[key]
         replay()
-        return self.hidden[: len(seqs)]
+        return self.hidden[:num_seqs]
 
-    def _fill(self, seqs: Sequence[ScheduledSequence], lengths: list[int], rows: int, width: int) -> None:
+    def _fill(self, step: StepLayout, rows: int, width: int) -> None:
         """Write this step's inputs, padded to ``rows`` x ``width``, into the static buffers."""
-        size, scratch = self.block_size, self.scratch_block
+        n, scratch = step.num_decodes, self.scratch_block
         tokens = np.zeros((3, rows), dtype=np.int64)  # input ids, positions, slots
-        tokens[2] = scratch * size
-        tables = np.full((rows, width), scratch, dtype=np.int32)
-        for row, (seq, length) in enumerate(zip(seqs, lengths)):
-            position = length - 1
-            blocks = seq.block_table[: -(-length // size)]
-            tables[row, : len(blocks)] = blocks
-            tokens[:, row] = (seq.token_ids[0], position, blocks[position // size] * size + position % size)
+        tokens[:, :n] = step.input_ids, step.positions, step.slot_mapping
+        tokens[2, n:] = scratch * self.block_size
+        tables = step.block_tables(0, n, pad=scratch, width=width)
+        if rows > n:
+            tables = np.concatenate([tables, np.full((rows - n, width), scratch, dtype=np.int32)])
         context_lens = np.ones(rows, dtype=np.int32)
-        context_lens[: len(lengths)] = lengths
+        context_lens[:n] = step.context_lens
         host = torch.from_numpy(tokens)
         self.input_ids[:rows].copy_(host[0], non_blocking=True)
         self.positions[:rows].copy_(host[1], non_blocking=True)

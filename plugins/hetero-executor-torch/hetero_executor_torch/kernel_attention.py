@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from hetero_core.step_layout import StepLayout
 from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefill_attention
 
 AttentionFunction = Callable[..., torch.Tensor]
@@ -55,25 +56,14 @@ def kernel_attention(kernels: Any, *, torch_prefill: bool = False) -> AttentionF
     return attend
 
 
-def kernel_inputs(decodes: list, prefills: list, block_size: int, device: torch.device) -> KernelInputs:
-    """Block tables and lengths as int32 tensors on ``device``."""
-
-    def table(seqs: list, lengths: list[int]) -> np.ndarray:
-        width = max([-(-n // block_size) for n in lengths] + [1])
-        rows = np.zeros((len(seqs), width), dtype=np.int32)
-        for row, (seq, n) in enumerate(zip(seqs, lengths)):
-            blocks = seq.block_table[: -(-n // block_size)]
-            rows[row, : len(blocks)] = blocks
-        return rows
-
-    decode_lens = [s.start_position + 1 for s in decodes]
-    prefill_lens = [s.start_position + len(s.token_ids) for s in prefills]
-    starts = np.concatenate([[0], np.cumsum([len(s.token_ids) for s in prefills])]).astype(np.int32)
+def kernel_inputs(step: StepLayout, device: torch.device) -> KernelInputs:
+    """The step's block tables and lengths as int32 tensors on ``device``."""
+    n, num_seqs = step.num_decodes, len(step.sequences)
     arrays = (
-        table(decodes, decode_lens),
-        np.array(decode_lens, dtype=np.int32),
-        table(prefills, prefill_lens),
-        starts,
-        np.array(prefill_lens, dtype=np.int32),
+        step.block_tables(0, n),
+        step.context_lens[:n],
+        step.block_tables(n, num_seqs),
+        step.query_start[n:] - step.query_start[n],
+        step.context_lens[n:],
     )
-    return KernelInputs(*(torch.from_numpy(a).to(device) for a in arrays))
+    return KernelInputs(*(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int32)).to(device) for a in arrays))
