@@ -274,32 +274,35 @@ class InferenceEngine:
             if seq.request.params.prompt_logprobs is not None:
                 self.outputs.add_prompt_logprobs(seq.request, seq.num_computed_tokens, output.prompt_logprobs.get(seq.seq_id, []))
             seq.advance(work.num_new_tokens)
-            if work.do_sample and seq.request.params.max_tokens == 0:  # the prompt is scored: done, with no token
-                seq.finish(FinishReason.LENGTH)
-                self.scheduler.remove(seq)
-                self._emit(seq, 0, 0)
-                if seq.request.is_finished:
-                    finished.append(seq.request)
-            elif work.do_sample:
-                token_id = output.sampled_token_ids[seq.seq_id]
-                if seq.matcher is not None and not seq.matcher.accept_token(token_id):
-                    self._fail_request(
-                        seq.request,
-                        f"executor plugin {self.plugin_names['executor']!r} sampled token {token_id},"
-                        " which the request's structured output does not allow",
-                        finished,
-                    )
-                    continue
-                logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
-                self.outputs.append_token(seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished)
-                self.metrics.generation_tokens += 1
-                if seq.is_finished:
-                    self.scheduler.remove(seq)
-                self._emit(seq, 1, int(logprobs is not None))
-                if seq.request.is_finished:
-                    finished.append(seq.request)
+            if work.do_sample:
+                self._take_sample(seq, output, finished)
             elif seq.pending_forks and seq.num_computed_tokens == seq.num_tokens - 1:
                 self.scheduler.fork(seq)
+
+    def _take_sample(self, seq: Sequence, output: ExecutionOutput, finished: list[Request]) -> None:
+        """``seq`` is computed to its last token: append the token sampled after it, check stops, stream."""
+        num_new_tokens = num_new_logprobs = 0
+        if seq.request.params.max_tokens == 0:  # the prompt is scored: done, with no token
+            seq.finish(FinishReason.LENGTH)
+        else:
+            token_id = output.sampled_token_ids[seq.seq_id]
+            if seq.matcher is not None and not seq.matcher.accept_token(token_id):
+                self._fail_request(
+                    seq.request,
+                    f"executor plugin {self.plugin_names['executor']!r} sampled token {token_id},"
+                    " which the request's structured output does not allow",
+                    finished,
+                )
+                return
+            logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
+            self.outputs.append_token(seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished)
+            self.metrics.generation_tokens += 1
+            num_new_tokens, num_new_logprobs = 1, int(logprobs is not None)
+        if seq.is_finished:
+            self.scheduler.remove(seq)
+        self._emit(seq, num_new_tokens, num_new_logprobs)
+        if seq.request.is_finished:
+            finished.append(seq.request)
 
     def _emit(self, seq: Sequence, num_new_tokens: int, num_new_logprobs: int) -> None:
         request = seq.request
