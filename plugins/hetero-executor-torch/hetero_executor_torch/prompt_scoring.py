@@ -37,12 +37,11 @@ def score_prompts(
     for seq in ordered:
         positions = seq.prompt_logprob_positions
         if positions:
-            # the row of position p - 1 scores the token at position p
-            start = first_row + positions.start - 1 - seq.start_position
+            # the row of position p - 1 scores the token at position p: the sequence's rows from its first
             targets = seq.all_token_ids[positions.start : positions.stop]
             entries = []
             for offset in range(0, len(targets), ROWS_PER_SLICE):
-                rows = torch.arange(start + offset, start + min(offset + ROWS_PER_SLICE, len(targets)), device=device)
+                rows = torch.arange(first_row + offset, first_row + min(offset + ROWS_PER_SLICE, len(targets)), device=device)
                 logits = logits_at(rows)[:, :vocab_size]
                 if (logits.isnan() | (logits == float("inf"))).any():
                     errors[seq.seq_id] = "the model produced non-finite logits for this sequence's prompt"
