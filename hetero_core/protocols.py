@@ -241,7 +241,10 @@ class Executor(Protocol):
         ``do_sample``, sampled with its params on the executor's device (and
         logprobs where ``params.logprobs`` is set), or, for a sequence it
         cannot handle, an entry in ``ExecutionOutput.errors``: that sequence
-        fails alone. Raises ``ExecutionError`` (or any exception) when the
+        fails alone. A sequence with ``params.prompt_logprobs`` set also gets
+        the logprobs of its prompt tokens at
+        ``ScheduledSequence.prompt_logprob_positions``, sampled or not (see
+        :class:`~hetero_core.batch.ExecutionOutput`). Raises ``ExecutionError`` (or any exception) when the
         whole batch fails; the engine may retry the same batch, then run its
         sequences one at a time (each with the block copies into its own
         blocks), so a failed call must leave no partial state that changes a
@@ -249,7 +252,8 @@ class Executor(Protocol):
 
         The engine checks the output cheaply at the boundary: every sampled
         sequence has exactly one int token in ``[0, vocab_size)`` or an
-        error, and logprobs are finite and at most 0. A sequence whose
+        error, logprobs are finite and at most 0, and prompt logprobs come
+        one per scored position for the prompt token there. A sequence whose
         output breaks these rules fails with an ``ExecutionError`` naming
         the executor's plugin.
         """

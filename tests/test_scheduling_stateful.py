@@ -82,18 +82,22 @@ class EngineWorkload(RuleBasedStateMachine):
 
     @rule(
         length=st.integers(1, 12),
-        max_tokens=st.integers(1, 10),
+        max_tokens=st.integers(0, 10),
         priority=st.integers(0, 2),
         n=st.integers(1, 3),
         shared_prefix=st.booleans(),
+        scored=st.booleans(),
         data=st.data(),
     )
-    def submit(self, length, max_tokens, priority, n, shared_prefix, data) -> None:
+    def submit(self, length, max_tokens, priority, n, shared_prefix, scored, data) -> None:
         length = min(length, self.capacity - max_tokens)
         if length < 1 or n > self.engine.config.max_num_seqs:
             return
         prompt = [7] * length if shared_prefix else data.draw(st.lists(st.integers(0, 255), min_size=length, max_size=length))
-        params = GenerationParams(temperature=1.0, seed=len(self.submitted), max_tokens=max_tokens, priority=priority, n=n)
+        prompt_logprobs = 1 if scored or max_tokens == 0 else None  # max_tokens 0 only scores the prompt
+        params = GenerationParams(
+            temperature=1.0, seed=len(self.submitted), max_tokens=max_tokens, priority=priority, n=n, prompt_logprobs=prompt_logprobs
+        )
         request_id = self.engine.submit_request(prompt, params, request_id=f"r{len(self.submitted)}")
         self.submitted[request_id] = params
 
@@ -133,6 +137,8 @@ class EngineWorkload(RuleBasedStateMachine):
         for request_id, record in self.completed.items():
             params = self.submitted[request_id]
             assert len(record.outputs) == params.n or request_id in self.aborted
+            if params.prompt_logprobs is not None and request_id not in self.aborted:  # every position, once
+                assert [e.token_id for e in record.prompt_logprobs[1:]] == record.input_tokens[1:]
             for output in record.outputs:
                 if output.finish_reason is FinishReason.ABORT:
                     assert request_id in self.aborted

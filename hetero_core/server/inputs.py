@@ -29,7 +29,8 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
             )
         params = body.params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
         _check_request_size(len(inputs), params, backend, config)
-        if params.prompt_logprobs is not None and backend.tokenizer is not None:  # the response names each prompt token
+        _check_prompt_scoring(params, backend, "prompt_logprobs" if body.prompt_logprobs is not None else "echo")
+        if params.prompt_logprobs is not None:  # the response names each prompt token
             inputs = [(backend.tokenizer.encode(p) if isinstance(p, str) else p, None) for p, _ in inputs]
         return inputs, params
 
@@ -57,6 +58,7 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
             max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, context_left))
         params = body.params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
         _check_request_size(1, params, backend, config)
+        _check_prompt_scoring(params, backend, "prompt_logprobs")
         return [(prompt, None) if prompt is not None else (None, messages)], params
 
     return prepare
@@ -71,6 +73,12 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     if all(isinstance(p, int) for p in prompt):
         return [prompt]
     return list(prompt)
+
+
+def _check_prompt_scoring(params: GenerationParams, backend: ServingBackend, param: str) -> None:
+    """A backend without a tokenizer (the command bridge) cannot score a prompt: refused, not answered without it."""
+    if params.prompt_logprobs is not None and backend.tokenizer is None:
+        raise APIError(400, "this server's backend cannot score prompts (it has no tokenizer)", param=param)
 
 
 def _check_request_size(num_inputs: int, params: GenerationParams, backend: ServingBackend, config: EngineConfig) -> None:

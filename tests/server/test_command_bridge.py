@@ -28,6 +28,9 @@ def test_command_bridge() -> None:
         assert failing.status_code == 502 and "exited with status 3" in failing.json()["error"]["message"]
         slow = httpx.post(f"{server.url}/v1/completions", json={"prompt": "SLEEP"}, timeout=10)
         assert slow.status_code == 502 and "timed out" in slow.json()["error"]["message"]
+        for fields, param in (({"echo": True, "logprobs": 1}, "echo"), ({"prompt_logprobs": 0}, "prompt_logprobs")):
+            scoring = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ping", **fields})
+            assert scoring.status_code == 400 and scoring.json()["error"]["param"] == param
 
 
 def test_command_bridge_without_its_program_answers_502() -> None:

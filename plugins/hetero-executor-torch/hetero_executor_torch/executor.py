@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -206,19 +207,18 @@ class TorchExecutor:
             step = layout(batch)
             ordered = step.sequences
             scores_prompts = any(s.prompt_logprob_positions for s in ordered)
-            hidden = None if scores_prompts else self._replay_decodes(step)
+            normed = None if scores_prompts else self._replay_decodes(step)
             prompt_logprobs: dict[int, list] = {}
             errors: dict[int, str] = {}
-            if hidden is not None:
-                logits = self.model.logits(hidden)
+            if normed is not None:
+                logits = self.model.logits(normed)
             else:
                 input_ids, positions, attention, kv_caches, logits_indices = self._prepare(step)
                 hidden = self.model.hidden_states(input_ids, positions, attention, kv_caches)
                 logits = self.model.logits_at(hidden, logits_indices)
                 if scores_prompts:
-                    prompt_logprobs, errors = score_prompts(
-                        lambda rows: self.model.logits_at(hidden, rows), ordered, self.model_config.vocab_size, self.device
-                    )
+                    logits_at = functools.partial(self.model.logits_at, hidden)
+                    prompt_logprobs, errors = score_prompts(logits_at, ordered, self.model_config.vocab_size, self.device)
             sampled = step.sampled
             output = sample_each_alone_on_failure(self.sampler, logits, sampled) if sampled else ExecutionOutput({})
             output.prompt_logprobs = prompt_logprobs

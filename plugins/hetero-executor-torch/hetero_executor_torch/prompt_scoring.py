@@ -5,8 +5,9 @@ whose next token is still in the prompt) of the sequences that ask
 (``params.prompt_logprobs``), and over at most ``ROWS_PER_SLICE`` rows at a
 time, so a long prompt never holds a full ``[prompt, vocab]`` logits
 tensor. Logprobs come from the model's raw distribution (no penalties,
-bias, mask or temperature) and are clamped at ``MIN_LOGPROB`` like the
-sampler's; the rank is 1 + how many tokens are strictly more likely.
+bias, mask or temperature), computed as ``logit - logsumexp`` without the
+full log-softmax, and are clamped at ``MIN_LOGPROB`` like the sampler's; the
+rank is 1 + how many tokens are strictly more likely.
 """
 
 from __future__ import annotations
@@ -37,32 +38,33 @@ def score_prompts(
     for seq in ordered:
         positions = seq.prompt_logprob_positions
         if positions:
-            # the row of position p - 1 scores the token at position p
-            start = first_row + positions.start - 1 - seq.start_position
+            # the row of position p - 1 scores the token at position p: the sequence's rows from its first
             targets = seq.all_token_ids[positions.start : positions.stop]
             entries = []
             for offset in range(0, len(targets), ROWS_PER_SLICE):
-                rows = torch.arange(start + offset, start + min(offset + ROWS_PER_SLICE, len(targets)), device=device)
+                rows = torch.arange(first_row + offset, first_row + min(offset + ROWS_PER_SLICE, len(targets)), device=device)
                 logits = logits_at(rows)[:, :vocab_size]
-                if (logits.isnan() | (logits == float("inf"))).any():
+                normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)  # not finite when a logit is NaN or +inf
+                if not bool(normalizer.isfinite().all()):
                     errors[seq.seq_id] = "the model produced non-finite logits for this sequence's prompt"
                     break
-                entries += _entries(logits, targets[offset : offset + len(rows)], seq.params.prompt_logprobs)
+                entries += _entries(logits, normalizer, targets[offset : offset + len(rows)], seq.params.prompt_logprobs)
             else:
                 scored[seq.seq_id] = entries
         first_row += len(seq.token_ids)
     return scored, errors
 
 
-def _entries(logits: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprobs]:
-    logprobs = torch.log_softmax(logits, dim=-1)
+def _entries(logits: torch.Tensor, normalizer: torch.Tensor, targets: list[int], num_top: int) -> list[TokenLogprobs]:
+    """Logprobs as ``logit - logsumexp``, never materialising the whole log-softmax; ranks and top-k from the logits."""
     target = torch.tensor(targets, device=logits.device)[:, None]
-    chosen = logprobs.gather(1, target)
-    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
-    chosen = chosen[:, 0].clamp(min=MIN_LOGPROB).tolist()
+    chosen = logits.gather(1, target)
+    ranks = ((logits > chosen).sum(dim=-1) + 1).tolist()
+    chosen = (chosen - normalizer)[:, 0].clamp(min=MIN_LOGPROB).tolist()
     if num_top:
-        top_values, top_ids = logprobs.topk(min(num_top, logprobs.shape[1]), dim=-1)
-        tops = [list(zip(ids, values)) for ids, values in zip(top_ids.tolist(), top_values.clamp(min=MIN_LOGPROB).tolist())]
+        top_values, top_ids = logits.topk(min(num_top, logits.shape[1]), dim=-1)
+        top_values = (top_values - normalizer).clamp(min=MIN_LOGPROB)
+        tops = [list(zip(ids, values)) for ids, values in zip(top_ids.tolist(), top_values.tolist())]
     else:
         tops = [[] for _ in targets]
     return [TokenLogprobs(t, lp, top, rank=r) for t, lp, top, r in zip(targets, chosen, tops, ranks)]

@@ -120,3 +120,16 @@ def test_numba_attention_is_refused_off_the_cpu(tiny_model) -> None:
     with pytest.raises(ConfigError, match="numba-cuda") as raised:
         TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="meta", attention="numba")
     assert raised.value.param == "attention"
+
+
+def test_prompt_logprobs_do_not_depend_on_chunking_slicing_or_the_cache(tiny_model) -> None:
+    long_prompt = "the quick brown fox " * 15  # 300 tokens: scored in two slices of rows when computed whole
+    params = GenerationParams(max_tokens=0, prompt_logprobs=3)
+    whole = tiny_engine(tiny_model, max_total_tokens=512).generate([long_prompt], params)[0]
+    chunked_engine = tiny_engine(tiny_model, max_total_tokens=7)
+    chunked_engine.generate([long_prompt], GenerationParams(max_tokens=1))  # its blocks now in the prefix cache
+    chunked = chunked_engine.generate([long_prompt], params)[0]
+    assert chunked.num_cached_tokens == 0 and len(whole.prompt_logprobs) == len(chunked.prompt_logprobs) == 300
+    for a, b in zip(whole.prompt_logprobs[1:], chunked.prompt_logprobs[1:]):
+        assert (a.token_id, a.rank, [t for t, _ in a.top]) == (b.token_id, b.rank, [t for t, _ in b.top])
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
