@@ -65,7 +65,6 @@ REFUSED = [
     ("/v1/completions", {"suffix": "!"}, "suffix"),
     ("/v1/completions", {"best_of": 2}, "best_of"),
     ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
