@@ -22,6 +22,7 @@ from hetero_core.server.errors import APIError
 from hetero_core.server.tools import Tool, ToolFields, ToolPlan
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the server
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is OpenAI's newer name for system
 
 
@@ -197,6 +198,9 @@ class ChatRendering(BaseModel):
 
     def check_rendering(self) -> None:
         """Both true is a 400, as in vLLM: the continued turn cannot also be followed by a new one."""
+        reserved = sorted(set(self.chat_template_kwargs or ()) & TEMPLATE_VARIABLES)
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: they have fields of their own", param="chat_template_kwargs")
         if self.add_generation_prompt and self.continue_final_message:
             raise APIError(
                 400, "continue_final_message needs add_generation_prompt: false (both cannot be true)", param="continue_final_message"
