@@ -6,8 +6,8 @@ block that renders its body, ``raise_exception``, ``strftime_now``, a
 ``tojson`` that does not escape HTML, and a ``namespace`` that refuses
 underscore names. Same variables: ``messages``, ``tools``, ``documents``,
 ``add_generation_prompt``, the special tokens (``bos_token``, ...) and any
-``chat_template_kwargs``; ``continue_final_message`` cuts the text after the
-last message's content, as transformers does. A template that never reads
+``chat_template_kwargs``; ``continue_final_message`` cuts the text right after
+the last message's content (found by a marker appended to it), as transformers does. A template that never reads
 ``tools`` gets tools and tool history in the default convention of
 :mod:`hetero_core.tool_prompt`.
 """
@@ -15,6 +15,7 @@ last message's content, as transformers does. A template that never reads
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime
 from typing import Any, Mapping, NoReturn, Sequence
 
@@ -129,6 +130,11 @@ class ChatTemplate:
             messages, tools = inline_tools(messages, tools), None
         # Like transformers: a key set to None is left out, since templates test for presence.
         plain = [{key: value for key, value in message.items() if value is not None} for message in messages]
+        marker = f"<continue-here-{secrets.token_hex(8)}>" if continue_final_message else ""
+        if marker:
+            if not isinstance(plain[-1].get("content"), str):
+                raise ValidationError("continue_final_message needs a last message with text content", param="messages")
+            plain[-1]["content"] += marker
         variables = dict(template_kwargs or {})
         reserved = sorted(set(variables) & (RESERVED | set(self._special_tokens)))
         if reserved:
@@ -144,15 +150,8 @@ class ChatTemplate:
             )
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             raise ValidationError(f"chat template cannot render these messages: {exc}", param="messages") from exc
-        return _cut_after_final_message(text, plain[-1]) if continue_final_message else text
-
-
-def _cut_after_final_message(text: str, final: Mapping[str, Any]) -> str:
-    """The text up to the end of the last message's content (as transformers does), leaving that turn open."""
-    content = final.get("content")
-    content = content.strip() if isinstance(content, str) else ""
-    if not content or content not in text:
-        raise ValidationError(
-            "continue_final_message needs a last message with text content that the chat template renders", param="messages"
-        )
-    return text[: text.rindex(content) + len(content)]
+        if not marker:
+            return text
+        if marker not in text:  # the template left out or altered the last message
+            raise ValidationError("continue_final_message: the chat template does not render the last message's end", param="messages")
+        return text[: text.rindex(marker)]
