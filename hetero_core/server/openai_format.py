@@ -129,31 +129,33 @@ class ChatFormat:
             return None
         return {"content": [{**self._entry(e.token_id, e.logprob), "top_logprobs": [self._entry(t, lp) for t, lp in e.top]} for e in entries]}
 
-    def _finish_reason(self, choice: Choice, num_calls: int) -> str | None:
-        if choice.finish_reason is FinishReason.STOP and num_calls:
+    def _finish_reason(self, choice: Choice, num_calls: int, is_cut: bool) -> str | None:
+        """``tool_calls`` for a choice that stopped after calling, unless a stop string cut its last call short."""
+        if choice.finish_reason is FinishReason.STOP and num_calls and not is_cut:
             return "tool_calls"
         return finish_reason(choice)
 
     def chunk(self, choice: Choice, delta: StreamDelta) -> dict | None:
         if not delta.text and not delta.finish_reason and not delta.token_ids:
             return None
-        num_calls, message = 0, {"content": delta.text} if delta.text else {}
+        num_calls, is_cut, message = 0, False, {"content": delta.text} if delta.text else {}
         if self.tools.parses_calls:
             parser = self._parsers.setdefault(choice.index, ToolCallParser(self.tools.names, incremental=self.tools.is_forced))
             pieces = parser.feed(delta.text) + (parser.finish() if delta.finish_reason else [])
-            message, num_calls = _stream_delta(pieces), parser.num_calls
+            message, num_calls, is_cut = _stream_delta(pieces), parser.num_calls, parser.is_cut
             if not message and not delta.finish_reason and not self.body.logprobs:
                 return None  # held back: part of a tag, or arguments that may end the call
         return {
             "index": choice.index, "delta": message, "logprobs": self._logprobs(delta.logprobs or []),
-            "finish_reason": self._finish_reason(choice, num_calls),
+            "finish_reason": self._finish_reason(choice, num_calls, is_cut),
         }
 
     def whole(self, choice: Choice) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": choice.text}
         calls: list[CallDelta] = []
+        is_cut = False
         if self.tools.parses_calls:
-            content, calls = parse_tool_calls(choice.text, self.tools.names, incremental=self.tools.is_forced)
+            content, calls, is_cut = parse_tool_calls(choice.text, self.tools.names, incremental=self.tools.is_forced)
             message["content"] = content or (None if calls else content)
         if calls:
             message["tool_calls"] = [
@@ -161,7 +163,7 @@ class ChatFormat:
             ]
         return {
             "index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs),
-            "finish_reason": self._finish_reason(choice, len(calls)),
+            "finish_reason": self._finish_reason(choice, len(calls), is_cut),
         }
 
 

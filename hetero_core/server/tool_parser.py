@@ -60,6 +60,7 @@ class ToolCallParser:
         self.names = names
         self.incremental = incremental
         self.num_calls = 0
+        self.is_cut = False  # the text ended inside a block
         self._pending = ""  # text not yet told
         self._in_call = False
         self._after_call = False  # drop whitespace that follows a block
@@ -77,6 +78,7 @@ class ToolCallParser:
     def finish(self) -> list[Piece]:
         """Tell whatever is left: an unclosed block is content, or (incremental) the rest of its arguments."""
         pieces = self.feed("")
+        self.is_cut = self._in_call
         if self._in_call and self.incremental and self._head_end is not None:
             self._arguments(pieces, self._pending[self._head_end :])
         elif self._in_call:
@@ -159,8 +161,8 @@ class ToolCallParser:
         return True
 
 
-def parse_tool_calls(text: str, names: frozenset[str], *, incremental: bool) -> tuple[str, list[CallDelta]]:
-    """The whole text at once: its content and its calls (each one :class:`CallDelta` with everything)."""
+def parse_tool_calls(text: str, names: frozenset[str], *, incremental: bool) -> tuple[str, list[CallDelta], bool]:
+    """The whole text at once: its content, its calls (each one :class:`CallDelta` with everything), and whether it was cut inside a block."""
     parser = ToolCallParser(names, incremental=incremental)
     content, calls = [], []
     for piece in parser.feed(text) + parser.finish():
@@ -170,4 +172,4 @@ def parse_tool_calls(text: str, names: frozenset[str], *, incremental: bool) -> 
             calls.append(piece)
         else:
             calls[piece.index].arguments += piece.arguments
-    return "".join(content), calls
+    return "".join(content), calls, parser.is_cut

@@ -71,20 +71,20 @@ def test_a_tag_never_leaks_into_content_before_a_call(prefix, cuts) -> None:
 def test_malformed_calls_stay_content() -> None:
     for body in ("not json", '{"name": "nope", "arguments": {}}', '{"name": "get_time"}', '{"name": "get_time", "arguments": 3}'):
         text = f"Sure. {TOOL_CALL_OPEN}{body}</tool_call>"
-        assert parse_tool_calls(text, NAMES, incremental=False) == (text, [])
+        assert parse_tool_calls(text, NAMES, incremental=False) == (text, [], False)
 
 
 def test_arguments_given_as_json_text_are_read() -> None:
     text = '<tool_call>{"name": "get_time", "arguments": "{\\"zone\\": \\"UTC\\"}"}</tool_call>'
-    content, (call,) = parse_tool_calls(text, NAMES, incremental=False)
+    content, (call,), _ = parse_tool_calls(text, NAMES, incremental=False)
     assert content == "" and json.loads(call.arguments) == {"zone": "UTC"}
 
 
 def test_an_unclosed_call_is_content_or_partial_arguments() -> None:
     text = 'Hi <tool_call>\n{"name": "get_time", "arguments": {"zone": "U'
-    assert parse_tool_calls(text, NAMES, incremental=False) == (text, [])
-    content, (call,) = parse_tool_calls(text[3:], NAMES, incremental=True)
-    assert content == "" and call.name == "get_time" and call.arguments == '{"zone": "U'
+    assert parse_tool_calls(text, NAMES, incremental=False) == (text, [], True)
+    content, (call,), is_cut = parse_tool_calls(text[3:], NAMES, incremental=True)
+    assert content == "" and call.name == "get_time" and call.arguments == '{"zone": "U' and is_cut
 
 
 def test_forced_arguments_stream_before_the_call_closes() -> None:

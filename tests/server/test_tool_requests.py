@@ -169,3 +169,9 @@ def test_continue_final_message_and_no_generation_prompt(mock_server) -> None:
     assert rendered(add_generation_prompt=False, continue_final_message=True).endswith("The answer is")
     answer = post(mock_server, {"messages": chat, "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 3})
     assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == len(rendered(add_generation_prompt=False)) - 1
+
+
+def test_a_call_cut_by_a_stop_string_does_not_claim_tool_calls(mock_server) -> None:
+    body = {"messages": ASK, "tools": [TIME], "tool_choice": NAMED, "max_tokens": 120, "stop": ["zone"]}
+    (answer,) = post(mock_server, body).json()["choices"]
+    assert answer["finish_reason"] == "stop" and answer["message"]["tool_calls"][0]["function"]["arguments"] == '{"'
