@@ -138,6 +138,8 @@ def calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
     rules = ['start: call ("\\n" call)*' if several else "start: call", "call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
     for number, function in enumerate(functions):
         schema = dict(function.parameters if function.parameters is not None else NO_PARAMETERS)
+        if "properties" in schema:  # only the declared parameters, as OpenAI's strict mode has it
+            schema.setdefault("additionalProperties", False)
         schema["x-guidance"] = COMPACT_JSON
         head = f'{TOOL_CALL_OPEN}\n{{"name": "{function.name}", "arguments": '
         rules.append(f"call_{number}: {json.dumps(head)} args_{number} {json.dumps('}' + chr(10) + TOOL_CALL_CLOSE)}")

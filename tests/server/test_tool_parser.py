@@ -1,4 +1,4 @@
-"""The ``<tool_call>`` parser: whole texts, any split into stream pieces, malformed calls."""
+"""The ``<tool_call>`` parser (whole texts, any split into stream pieces, malformed calls) and the forced-call grammar."""
 
 from __future__ import annotations
 
@@ -6,8 +6,12 @@ import json
 
 from hypothesis import given, strategies as st
 
+from hetero_core.builtin.simple_tokenizer import SimpleTokenizer
 from hetero_core.server.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
+from hetero_core.server.tools import FunctionDefinition, calls_grammar
+from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_OPEN, tool_call_block
+from hetero_structured_llguidance import LLGuidanceBackend
 
 NAMES = frozenset({"get_weather", "get_time"})
 
@@ -94,3 +98,16 @@ def test_forced_arguments_stream_before_the_call_closes() -> None:
     assert parser.feed('{"zone": "Europe/Paris"') == [CallDelta(0, '{"zone": "Europe/Paris"')]
     assert parser.feed("}") == []  # held: it may close the call
     assert parser.feed("}\n</tool_call>") == [CallDelta(0, "}")]
+
+
+def test_the_forced_call_grammar_admits_only_declared_parameters() -> None:
+    backend = LLGuidanceBackend(SimpleTokenizer())
+    declared = FunctionDefinition(name="get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}})
+    free = FunctionDefinition(name="get_time", parameters={"type": "object"})
+
+    def accepts(function: FunctionDefinition, arguments: dict) -> bool:
+        matcher = backend.new_matcher(backend.compile(StructuredOutput.grammar(calls_grammar([function], several=False))))
+        return all(matcher.accept_token(t) for t in SimpleTokenizer().encode(tool_call_block("get_time", arguments), add_special_tokens=False))
+
+    assert accepts(declared, {"zone": "UTC"}) and not accepts(declared, {"zone": "UTC", "extra": 1})
+    assert accepts(free, {"anything": [1, 2]})
