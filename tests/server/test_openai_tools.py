@@ -7,7 +7,9 @@ import json
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
+from langchain_openai import ChatOpenAI
 
 WEATHER = {
     "type": "function",
@@ -99,3 +101,19 @@ def test_continue_final_message_continues_the_assistant_turn(client, model_serve
     assert text.endswith("<|im_start|>assistant\nA fruit that is yellow is the")
     answer = client.chat.completions.create(model="smollm2", messages=chat, max_tokens=3, temperature=0, extra_body=body)
     assert answer.usage.prompt_tokens == len(tokens)
+
+
+class GetWeather(pydantic.BaseModel):
+    """The current weather in a city."""
+
+    city: str = pydantic.Field(max_length=24)
+
+
+def test_langchain_bind_tools_and_structured_output_by_function_calling(model_server) -> None:
+    llm = ChatOpenAI(base_url=f"{model_server.url}/v1", api_key="unused", model="smollm2", temperature=0, max_tokens=40, max_retries=0)
+    (call,) = llm.bind_tools([GetWeather], tool_choice="any").invoke("What is the weather in Paris?").tool_calls
+    assert call["name"] == "GetWeather" and set(call["args"]) == {"city"} and call["id"].startswith("call_")
+    chunks = list(llm.bind_tools([GetWeather], tool_choice="GetWeather").stream("And in Rome?"))
+    streamed = sum(chunks[1:], chunks[0])
+    assert [c["name"] for c in streamed.tool_calls] == ["GetWeather"] and set(streamed.tool_calls[0]["args"]) == {"city"}
+    assert isinstance(llm.with_structured_output(GetWeather, method="function_calling").invoke("Weather in Oslo?"), GetWeather)
