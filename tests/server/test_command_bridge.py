@@ -100,6 +100,12 @@ def test_a_bridge_gets_chats_with_tools_in_the_default_convention() -> None:
         assert [call["function"]["name"] for call in answer["message"]["tool_calls"]] == ["get_time"]
         assert answer["finish_reason"] == "tool_calls"
         assert "<tools>" in answer["message"]["content"] and "<tool_response>\nnoon\n</tool_response>" in answer["message"]["content"]
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as streamed:
+            events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+        deltas = [event["choices"][0]["delta"] for event in events]
+        assert "".join(d.get("content") or "" for d in deltas) == answer["message"]["content"]  # no tag leaks into content
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["get_time"]
+        assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
         for field, value in (("continue_final_message", True), ("chat_template_kwargs", {"a": 1}), ("add_generation_prompt", False)):
             refused = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": history, field: value}, timeout=30)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == field
