@@ -2,7 +2,8 @@
 
     python benchmarks/structured_output.py [--backend llguidance] [--walks 20]
 
-For each JSON schema of the structured-output tests it prints the cold compile
+For each JSON schema of the structured-output tests, and for the grammar of a
+forced tool call (``tool_choice: required`` over two functions), it prints the cold compile
 time (a fresh backend), the cached one (the same constraint again), and the
 median and 99th-percentile time to fill one sample's allowed-token bitmask
 and to accept the sampled token, measured along random walks that end in
@@ -20,8 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
+
 from hetero_core.model_source import resolve_model_path
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
+from hetero_core.server.tools import FunctionDefinition, calls_grammar
 from hetero_core.structured_output import StructuredOutput, new_bitmask
 from hetero_core.testing.structured_output import Walker
 from hetero_tokenizer_hf import load_tokenizer
@@ -33,6 +37,15 @@ def load_schemas() -> dict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.SCHEMAS
+
+
+def constraints() -> dict[str, StructuredOutput]:
+    built = {name: StructuredOutput.json_schema(schema) for name, schema in load_schemas().items()}
+    weather = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}
+    hours = {"type": "object", "properties": {"hours_ahead": {"type": "integer", "minimum": 0, "maximum": 12}}}
+    functions = [FunctionDefinition(name="get_weather", parameters=weather), FunctionDefinition(name="get_time", parameters=hours)]
+    built["tool call, 2 functions"] = StructuredOutput.grammar(calls_grammar(functions, several=False))
+    return built
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -54,14 +67,13 @@ def main() -> int:
     walker = Walker(tokenizer)
     bitmask = new_bitmask(1, tokenizer.vocab_size)
     print(f"{'schema':<26} {'cold ms':>8} {'cached us':>10} {'mask us p50/p99':>17} {'accept us p50':>14} {'tokens':>7}")
-    for name, schema in load_schemas().items():
+    for name, constraint in constraints().items():
         backend = make_backend()
-        constraint = StructuredOutput.json_schema(schema)
         start = time.perf_counter()
         compiled = backend.compile(constraint)
         cold = time.perf_counter() - start
         start = time.perf_counter()
-        backend.compile(StructuredOutput.json_schema(schema))
+        backend.compile(attrs.evolve(constraint))  # an equal constraint, another object
         cached = time.perf_counter() - start
         mask_times, accept_times, num_tokens = [], [], 0
         rng = random.Random(name)

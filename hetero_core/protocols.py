@@ -83,13 +83,31 @@ class Tokenizer(Protocol):
         ...
 
     def apply_chat_template(
-        self, messages: SequenceOf[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: SequenceOf[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: SequenceOf[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """Render OpenAI-style messages (``{"role": ..., "content": ...}``) as the model's prompt text.
 
         The result is encoded with ``add_special_tokens=False``: the template
         itself carries any special tokens. Raises ``ValidationError`` for
-        messages the template cannot render.
+        messages the template cannot render (:func:`hetero_core.messages.check_messages`
+        says what a well-formed message is).
+
+        - ``add_generation_prompt``: end with the opening of an assistant turn.
+        - ``continue_final_message``: end right after the last message's
+          content, with no end-of-turn, so generation continues it (callers
+          never combine it with ``add_generation_prompt``).
+        - ``tools``: OpenAI function tools (``{"type": "function", "function":
+          {...}}``). Tools, assistant ``tool_calls`` and ``tool`` messages must
+          all reach the text: through the template's own tool support, or else
+          through :func:`hetero_core.tool_prompt.inline_tools`, the default.
+        - ``template_kwargs``: extra variables for the template (a tokenizer
+          without a template variable for them renders as if they were absent).
         """
         ...
 

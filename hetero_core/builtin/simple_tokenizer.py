@@ -13,6 +13,7 @@ import attrs
 
 from hetero_core.errors import ConfigError, ValidationError
 from hetero_core.messages import check_messages
+from hetero_core.tool_prompt import inline_tools
 from hetero_core.validators import boolean
 
 NUM_BYTES = 256
@@ -93,10 +94,18 @@ class SimpleTokenizer:
         return SimpleDetokenizer(skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
+        """``role: content`` lines; tools in the default convention; ``template_kwargs`` have no variable to fill here."""
         check_messages(messages)
-        lines = [f"{message['role']}: {message['content']}\n" for message in messages]
-        if add_generation_prompt:
-            lines.append("assistant: ")
-        return "".join(lines)
+        plain = inline_tools(messages, tools)
+        text = "".join(f"{message['role']}: {message['content']}\n" for message in plain)
+        if continue_final_message:
+            return text[:-1]
+        return text + "assistant: " if add_generation_prompt else text

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from hetero_core.errors import ValidationError
 from hetero_core.server.errors import APIError, error_body, internal_error_body
 from hetero_core.server.generation import Choice, Generation, Prepare
 from hetero_core.server.inputs import chat_inputs, completion_inputs
@@ -35,7 +36,13 @@ def add_generation_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
-        return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
+        try:
+            return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
+        except ValidationError as exc:
+            if exc.param == "structured_output" and body.tool_use.is_forced:  # the grammar is built from the tools
+                reason = exc.message.split("cannot be used: ", 1)[-1]
+                raise APIError(400, f"a function's parameters schema cannot be used: {reason}", param="tools") from exc
+            raise
 
 
 async def _generate(service: Service, request: Request, body: Any, format_class: type, prepare: Prepare, id_prefix: str) -> Any:

@@ -8,14 +8,18 @@ event loop, and a chat prompt is encoded once, both to size the default
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
+
+import attrs
 
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
 from hetero_core.server.backend import ServingBackend
 from hetero_core.server.errors import APIError
 from hetero_core.server.generation import Input, Prepare
-from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
+from hetero_core.protocols import Tokenizer
+from hetero_core.server.schemas import ChatCompletionRequest, ChatRendering, CompletionRequest
+from hetero_core.tool_prompt import inline_tools
 
 CHAT_DEFAULT_MAX_TOKENS = 1024  # when the body names no limit: this, or what the context has left
 
@@ -46,22 +50,50 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
         least = 0 if body.prompt_logprobs is not None else 1  # 0 only scores the prompt
         if body.max_completion_tokens is not None and body.max_completion_tokens < least:
             raise APIError(400, f"max_completion_tokens must be at least {least}, got {body.max_completion_tokens}", param="max_completion_tokens")
+        plan = body.tool_use
         messages = [message.to_template() for message in body.messages]
         prompt: Sequence[int] | None = None
         context_left = CHAT_DEFAULT_MAX_TOKENS
         if backend.tokenizer is not None and backend.max_model_len is not None:  # encode once, here
-            text = backend.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            text = render_chat(backend.tokenizer, messages, body, plan.tools)
             prompt = backend.tokenizer.encode(text, add_special_tokens=False)
             context_left = backend.max_model_len - len(prompt)
+        else:
+            messages = _plain_chat(messages, body, plan.tools)
         max_tokens = body.requested_max_tokens
         if max_tokens is None:
             max_tokens = max(1, min(CHAT_DEFAULT_MAX_TOKENS, context_left))
         params = body.params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+        if plan.constraint is not None:
+            params = attrs.evolve(params, structured_output=plan.constraint)
         _check_request_size(1, params, backend, config)
         _check_prompt_scoring(params, backend, "prompt_logprobs")
         return [(prompt, None) if prompt is not None else (None, messages)], params
 
     return prepare
+
+
+def render_chat(tokenizer: Tokenizer, messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]) -> str:
+    """The prompt text of a chat, rendered as the body asks (``add_generation_prompt``, ``continue_final_message``, ...)."""
+    rendering.check_rendering()
+    return tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=rendering.add_generation_prompt,
+        continue_final_message=rendering.continue_final_message,
+        tools=tools or None,
+        template_kwargs=rendering.chat_template_kwargs,
+    )
+
+
+def _plain_chat(messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """For a backend that renders chats itself: plain messages (tools in the default convention) and no rendering options."""
+    rendering.check_rendering()
+    for name in ("continue_final_message", "chat_template_kwargs"):
+        if getattr(rendering, name):
+            raise APIError(400, f"{name} needs a backend with a tokenizer; this one renders chats itself", param=name)
+    if not rendering.add_generation_prompt:
+        raise APIError(400, "add_generation_prompt: false needs a backend with a tokenizer", param="add_generation_prompt")
+    return inline_tools(messages, tools)
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:

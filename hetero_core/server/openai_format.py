@@ -23,8 +23,10 @@ from typing import Any
 
 from hetero_core.batch import TokenLogprobs
 from hetero_core.outputs import StreamDelta
+from hetero_core.sequence import FinishReason
 from hetero_core.server.generation import Choice, Generation
 from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
+from hetero_core.server.tool_parser import CallDelta, Piece, ToolCallParser, parse_tool_calls
 
 IMPOSSIBLE_LOGPROB = -9999.0
 
@@ -144,16 +146,25 @@ class CompletionFormat:
 
 
 class ChatFormat:
-    """``/v1/chat/completions``: assistant messages, a role chunk first, the chat logprobs object."""
+    """``/v1/chat/completions``: assistant messages, a role chunk first, the chat logprobs object, tool calls.
+
+    With tools in use, each choice's text goes through a :class:`ToolCallParser`:
+    ``<tool_call>`` blocks become ``tool_calls`` (streamed as OpenAI streams
+    them) and the finish reason of a choice that stopped after calling is
+    ``tool_calls``. Logprobs cover every generated token, tool-call text included.
+    """
 
     response_object, chunk_object = "chat.completion", "chat.completion.chunk"
 
     def __init__(self, body: ChatCompletionRequest, tokenizer: Any, generation: Generation) -> None:
         self.body, self.tokenizer, self.generation = body, tokenizer, generation
+        self.tools = body.tool_use
+        self._parsers: dict[int, ToolCallParser] = {}
 
     def opening(self) -> list[dict]:
+        content = None if self.tools.is_forced else ""
         return [
-            {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            {"index": index, "delta": {"role": "assistant", "content": content}, "logprobs": None, "finish_reason": None}
             for index in range(len(self.generation.choices))
         ]
 
@@ -166,18 +177,64 @@ class ChatFormat:
             return None
         return {"content": [{**self._entry(e.token_id, e.logprob), "top_logprobs": [self._entry(t, lp) for t, lp in e.top]} for e in entries]}
 
+    def _finish_reason(self, choice: Choice, num_calls: int, is_cut: bool) -> str | None:
+        """``tool_calls`` for a choice that stopped after calling, unless a stop string cut its last call short."""
+        if choice.finish_reason is FinishReason.STOP and num_calls and not is_cut:
+            return "tool_calls"
+        return finish_reason(choice)
+
     def chunk(self, choice: Choice, delta: StreamDelta) -> dict | None:
         if not delta.text and not delta.finish_reason and not delta.token_ids:
             return None
-        content = {"content": delta.text} if delta.text else {}
-        return {"index": choice.index, "delta": content, "logprobs": self._logprobs(delta.logprobs or []), "finish_reason": finish_reason(choice)}
+        num_calls, is_cut, message = 0, False, {"content": delta.text} if delta.text else {}
+        if self.tools.parses_calls:
+            parser = self._parsers.setdefault(choice.index, ToolCallParser(self.tools.names, incremental=self.tools.is_forced))
+            pieces = parser.feed(delta.text) + (parser.finish() if delta.finish_reason else [])
+            message, num_calls, is_cut = _stream_delta(pieces), parser.num_calls, parser.is_cut
+            if not message and not delta.finish_reason and not self.body.logprobs:
+                return None  # held back: part of a tag, or arguments that may end the call
+        return {
+            "index": choice.index, "delta": message, "logprobs": self._logprobs(delta.logprobs or []),
+            "finish_reason": self._finish_reason(choice, num_calls, is_cut),
+        }
 
     def whole(self, choice: Choice) -> dict:
-        message = {"role": "assistant", "content": choice.text}
-        return {"index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs), "finish_reason": finish_reason(choice)}
+        message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+        calls: list[CallDelta] = []
+        is_cut = False
+        if self.tools.parses_calls:
+            content, calls, is_cut = parse_tool_calls(choice.text, self.tools.names, incremental=self.tools.is_forced)
+            message["content"] = content or (None if calls else content)
+        if calls:
+            message["tool_calls"] = [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}} for call in calls
+            ]
+        return {
+            "index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs),
+            "finish_reason": self._finish_reason(choice, len(calls), is_cut),
+        }
 
     def response_fields(self, choices: list[Choice]) -> dict:
         """vLLM's ``prompt_logprobs`` belong to the chat response (one prompt for every choice)."""
         if self.body.prompt_logprobs is None:
             return {}
         return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, choices[0].prompt_logprobs, self.body.prompt_logprobs)}
+
+
+def _stream_delta(pieces: list[Piece]) -> dict[str, Any]:
+    """One chunk's ``delta`` from parsed pieces: content, and tool-call parts merged by call index."""
+    content = "".join(piece for piece in pieces if isinstance(piece, str))
+    calls: dict[int, dict[str, Any]] = {}
+    for piece in pieces:
+        if isinstance(piece, str):
+            continue
+        if piece.index not in calls:
+            calls[piece.index] = {"index": piece.index, "function": {"arguments": ""}}
+            if piece.id is not None:
+                calls[piece.index].update(id=piece.id, type="function")
+                calls[piece.index]["function"]["name"] = piece.name
+        calls[piece.index]["function"]["arguments"] += piece.arguments
+    delta: dict[str, Any] = {"content": content} if content else {}
+    if calls:
+        delta["tool_calls"] = list(calls.values())
+    return delta

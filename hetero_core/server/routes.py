@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hetero_core.server.errors import APIError
+from hetero_core.server.inputs import render_chat
 from hetero_core.server.schemas import DetokenizeRequest, TokenizeRequest
 from hetero_core.server.service import Service
 
@@ -60,10 +61,10 @@ def add_routes(app: FastAPI, service: Service) -> None:
         tokenizer = _tokenizer(service.ready_backend(body.model))
         if body.messages is not None:
             messages = [m.to_template() for m in body.messages]
+            tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
 
             def encode() -> list[int]:
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-                return tokenizer.encode(text, add_special_tokens=False)
+                return tokenizer.encode(render_chat(tokenizer, messages, body, tools), add_special_tokens=False)
 
         elif body.prompt is not None:
             prompt = body.prompt

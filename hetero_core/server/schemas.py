@@ -1,7 +1,7 @@
 """OpenAI request bodies, as pydantic models (they also make the server's OpenAPI schema).
 
 A field the server does not implement is refused with a 400 naming it
-(``tools``, ``suffix``, ``functions``, ...), never ignored: a client must not
+(``suffix``, ``functions``, ...), never ignored: a client must not
 get a 200 that quietly dropped what it asked for. Known fields are strict: ``true`` is not a token id, ``"yes"`` is not a boolean, and
 ``1.5`` is not an integer; non-finite numbers and strings holding lone
 surrogates (which no response could encode) are refused. Ranges are
@@ -10,16 +10,20 @@ checked by :class:`GenerationParams`, whose errors name the field.
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
 from hetero_core.params import GenerationParams
 from hetero_core.server.constraints import ConstraintFields
 from hetero_core.server.errors import APIError
+from hetero_core.server.tools import Tool, ToolFields, ToolPlan
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-ROLES = ("system", "developer", "user", "assistant")  # developer is OpenAI's newer name for system
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the server
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is OpenAI's newer name for system
 
 
 def _encodable(text: str) -> str:
@@ -142,11 +146,28 @@ class TextPart(BaseModel):
     text: Text
 
 
+class CalledFunction(BaseModel):
+    model_config = STRICT
+
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it
+
+
+class AssistantToolCall(BaseModel):
+    model_config = STRICT
+
+    id: Text
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: Text | list[TextPart] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -157,18 +178,67 @@ class ChatMessage(BaseModel):
                 raise ValueError(f"{kind} content parts are not supported: this model reads text only")
         return content
 
-    def to_template(self) -> dict[str, str]:
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.tool_call_id is None) != (self.role != "tool"):
+            raise ValueError("a tool message, and only a tool message, needs tool_call_id")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is required (an assistant message may give tool_calls instead)")
+        return self
+
+    def to_template(self) -> dict[str, Any]:
         """The message as the chat template takes it (``developer`` is rendered as ``system``)."""
-        content = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content or ())
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        content = self.content if isinstance(self.content, str) or self.content is None else "".join(p.text for p in self.content)
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:  # templates read the arguments as an object, as transformers passes them
+            message["tool_calls"] = [
+                {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _object_or_text(c.function.arguments)}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
-class ChatCompletionRequest(SamplingFields):
+def _object_or_text(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return value if isinstance(value, dict) else arguments
+
+
+class ChatRendering(BaseModel):
+    """How the messages become the prompt; on chat completions and on ``/tokenize``."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def check_rendering(self) -> None:
+        """Both true is a 400, as in vLLM: the continued turn cannot also be followed by a new one."""
+        reserved = sorted(set(self.chat_template_kwargs or ()) & TEMPLATE_VARIABLES)
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: they have fields of their own", param="chat_template_kwargs")
+        if self.add_generation_prompt and self.continue_final_message:
+            raise APIError(
+                400, "continue_final_message needs add_generation_prompt: false (both cannot be true)", param="continue_final_message"
+            )
+
+
+class ChatCompletionRequest(SamplingFields, ToolFields, ChatRendering):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+
+    @functools.cached_property
+    def tool_use(self) -> ToolPlan:
+        """How this request uses its tools (a 400 naming the field when it contradicts itself)."""
+        return self.tool_plan(self.structured_output() is not None)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -176,13 +246,14 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(ChatRendering):
     model_config = STRICT
 
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    tools: list[Tool] | None = None  # shown as a chat completion with tool_choice auto shows them
 
 
 class DetokenizeRequest(BaseModel):

@@ -11,7 +11,8 @@ Subclass :class:`TokenizerContract` and override the ``tokenizer`` fixture
 The checks follow :class:`hetero_core.protocols.Tokenizer`: plain text
 round-trips, ids stay in the vocabulary, streamed pieces concatenate to the
 full decode without splitting a character, and the chat template renders
-well-formed messages and rejects malformed ones with ``ValidationError``.
+well-formed messages (tools and tool-call history included, with the
+rendering options) and rejects malformed ones with ``ValidationError``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,29 @@ MALFORMED_MESSAGES: list[Any] = [
     [{"content": "hi"}],
     ["hi"],
     [{"role": "user", "content": 3}],
+    [{"role": "user", "content": None}],
+    [{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}],
+    [{"role": "assistant", "content": None, "tool_calls": [{"function": {"arguments": "{}"}}]}],
     "user: hi",
+]
+
+
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_word",
+        "description": "Finds a word in the dictionary",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+    },
+}
+TOOL_CONVERSATION = [
+    {"role": "user", "content": "What does serendipity mean?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup_word", "arguments": {"word": "serendipity"}}}],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "a happy accident"},
 ]
 
 
@@ -111,6 +134,20 @@ class TokenizerContract:
         rendered = tokenizer.apply_chat_template(messages)
         assert isinstance(rendered, str) and "What is 2 + 2?" in rendered
         assert isinstance(tokenizer.apply_chat_template(messages, add_generation_prompt=False), str)
+
+    def test_chat_template_shows_tools_and_tool_history(self, tokenizer: Tokenizer) -> None:
+        rendered = tokenizer.apply_chat_template(TOOL_CONVERSATION, tools=[LOOKUP_TOOL])
+        for shown in ("lookup_word", "Finds a word in the dictionary", "serendipity", "a happy accident"):
+            assert shown in rendered
+        without_tools = tokenizer.apply_chat_template(TOOL_CONVERSATION)
+        assert "Finds a word in the dictionary" not in without_tools and "a happy accident" in without_tools
+
+    def test_chat_template_rendering_options(self, tokenizer: Tokenizer) -> None:
+        chat = [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "One, two"}]
+        continued = tokenizer.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
+        closed = tokenizer.apply_chat_template(chat, add_generation_prompt=False)
+        assert continued.endswith("One, two") and closed.startswith(continued) and closed != continued
+        assert tokenizer.apply_chat_template(chat, template_kwargs={"unused_variable": True}) == tokenizer.apply_chat_template(chat)
 
     @pytest.mark.parametrize("messages", MALFORMED_MESSAGES)
     def test_chat_template_rejects_malformed_messages(self, tokenizer: Tokenizer, messages: Any) -> None:

@@ -85,3 +85,30 @@ def test_the_program_gets_a_minimal_environment_and_a_string_command_is_split_li
         names = set(response.json()["choices"][0]["text"].split())
     assert "HETERO_PROMPT" in names and "PATH" in names
     assert names <= {"PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "HETERO_PROMPT", "HETERO_MAX_TOKENS", "HETERO_TEMPERATURE", "HETERO_TOP_P"}
+
+
+def test_a_bridge_gets_chats_with_tools_in_the_default_convention() -> None:
+    config = mock_server_config(server={"backend": "command_bridge", "command": [sys.executable, str(BRIDGE)]})
+    time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+    history = [
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+    ]
+    with RunningServer(config) as server:
+        body = {"messages": history, "tools": [time_tool], "max_tokens": 5}
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30).json()
+        (answer,) = response["choices"]
+        # the echo repeats the prompt, whose history holds a well-formed call: tool_choice auto reads it back
+        assert [call["function"]["name"] for call in answer["message"]["tool_calls"]] == ["get_time"]
+        assert answer["finish_reason"] == "tool_calls"
+        assert "<tools>" in answer["message"]["content"] and "<tool_response>\nnoon\n</tool_response>" in answer["message"]["content"]
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json={**body, "stream": True}, timeout=30) as streamed:
+            events = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+        deltas = [event["choices"][0]["delta"] for event in events]
+        assert "".join(d.get("content") or "" for d in deltas) == answer["message"]["content"]  # no tag leaks into content
+        assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", [])] == ["get_time"]
+        assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        for field, value in (("continue_final_message", True), ("chat_template_kwargs", {"a": 1}), ("add_generation_prompt", False)):
+            refused = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": history, field: value}, timeout=30)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == field

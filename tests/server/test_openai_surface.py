@@ -70,7 +70,6 @@ REFUSED = [
     ("/v1/completions", {"skip_special_tokens": "no"}, "skip_special_tokens"),
     ("/v1/chat/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ("/v1/chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
     ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
     ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),

@@ -5,23 +5,32 @@ Same environment: sandboxed and immutable, ``trim_blocks`` and
 block that renders its body, ``raise_exception``, ``strftime_now``, a
 ``tojson`` that does not escape HTML, and a ``namespace`` that refuses
 underscore names. Same variables: ``messages``, ``tools``, ``documents``,
-``add_generation_prompt`` and the special tokens (``bos_token``, ...).
+``add_generation_prompt``, the special tokens (``bos_token``, ...) and any
+``chat_template_kwargs``; ``continue_final_message`` cuts the text right after
+the last message's content (found by a marker appended to it), as transformers does. A template that never reads
+``tools`` gets tools and tool history in the default convention of
+:mod:`hetero_core.tool_prompt`.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime
 from typing import Any, Mapping, NoReturn, Sequence
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from hetero_core.errors import ConfigError, ValidationError
-from hetero_core.messages import check_messages
+from hetero_core.messages import check_messages, has_tool_history
+from hetero_core.tool_prompt import inline_tools
+
+RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the caller, not by chat_template_kwargs
 
 
 class GenerationBlock(jinja2.ext.Extension):
@@ -93,24 +102,56 @@ class ChatTemplate:
     """A compiled chat template plus the special-token strings it may refer to."""
 
     def __init__(self, source: str, *, special_tokens: Mapping[str, str]) -> None:
+        environment = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = environment.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(environment.parse(source))
         except jinja2.TemplateError as exc:
             raise ConfigError(f"the model's chat template does not compile: {exc}", param="tokenizer") from exc
         self._special_tokens = dict(special_tokens)
+        self.renders_tools = "tools" in variables
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool) -> str:
-        """The prompt text; ``ValidationError`` for malformed messages or ones the template rejects."""
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The prompt text; ``ValidationError`` for malformed messages or ones the template rejects.
+
+        A template that does not read ``tools`` gets the tools and the tool
+        history in the default convention (:func:`hetero_core.tool_prompt.inline_tools`).
+        """
         check_messages(messages)
+        if not self.renders_tools and (tools or has_tool_history(messages)):
+            messages, tools = inline_tools(messages, tools), None
         # Like transformers: a key set to None is left out, since templates test for presence.
         plain = [{key: value for key, value in message.items() if value is not None} for message in messages]
+        marker = f"<continue-here-{secrets.token_hex(8)}>" if continue_final_message else ""
+        if marker:
+            if not isinstance(plain[-1].get("content"), str):
+                raise ValidationError("continue_final_message needs a last message with text content", param="messages")
+            plain[-1]["content"] += marker
+        variables = dict(template_kwargs or {})
+        reserved = sorted(set(variables) & (RESERVED | set(self._special_tokens)))
+        if reserved:
+            raise ValidationError(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
         try:
-            return self._template.render(
+            text = self._template.render(
                 **self._special_tokens,
+                **variables,
                 messages=plain,
-                tools=None,
+                tools=list(tools) if tools else None,
                 documents=None,
-                add_generation_prompt=add_generation_prompt,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
             )
         except (jinja2.TemplateError, TypeError, ValueError) as exc:
             raise ValidationError(f"chat template cannot render these messages: {exc}", param="messages") from exc
+        if not marker:
+            return text
+        if marker not in text:  # the template left out or altered the last message
+            raise ValidationError("continue_final_message: the chat template does not render the last message's end", param="messages")
+        return text[: text.rindex(marker)]

@@ -79,11 +79,25 @@ class HuggingFaceTokenizer:
             skip_special_tokens=skip_special_tokens,
         )
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         if self._chat_template is None:
             check_messages(messages)
             raise ValidationError("this model has no chat template; send a plain prompt instead", param="messages")
-        return self._chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self._chat_template.render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            template_kwargs=template_kwargs,
+        )
 
 
 def load_tokenizer(path: str | Path, *, param: str = "tokenizer") -> HuggingFaceTokenizer:

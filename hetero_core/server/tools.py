@@ -1,0 +1,147 @@
+"""What a chat request says about tools: ``tools``, ``tool_choice``, ``parallel_tool_calls``.
+
+``tool_choice`` decides how the tools are used (the default is ``auto``
+with tools, ``none`` without):
+
+- ``none``: the tools are not shown to the model and its text is returned as is;
+- ``auto``: the model is shown the tools and may call them; ``<tool_call>``
+  blocks in its text become ``tool_calls`` (see :mod:`hetero_core.server.tool_parser`);
+- ``required``: the output is constrained to one or more calls (exactly one
+  when ``parallel_tool_calls`` is false) of the listed functions, each with
+  arguments valid against its ``parameters`` schema;
+- ``{"type": "function", "function": {"name": ...}}``: exactly one call of
+  that function, with valid arguments.
+
+Forced calls are generated in the default ``<tool_call>`` convention of
+:mod:`hetero_core.tool_prompt`, constrained by a Lark grammar that embeds each
+function's schema, so any model's output parses into valid calls.
+OpenAI's deprecated ``functions`` and ``function_call`` are refused with a
+400 that points to ``tools`` and ``tool_choice``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import attrs
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hetero_core.server.errors import APIError
+from hetero_core.structured_output import StructuredOutput
+from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+
+FORBID = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
+NO_PARAMETERS = {"type": "object", "properties": {}}
+COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes it
+
+
+class FunctionDefinition(BaseModel):
+    model_config = FORBID
+
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # forced calls are always schema-valid; auto calls are never constrained
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is not None and parameters.get("type", "object") != "object":
+            raise ValueError("parameters must be the JSON schema of an object")
+        return parameters
+
+
+class Tool(BaseModel):
+    model_config = FORBID
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = FORBID
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = FORBID
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+@attrs.frozen
+class ToolPlan:
+    """How one request uses its tools: what the prompt shows, what constrains the output, whether the text is parsed."""
+
+    tools: tuple[dict[str, Any], ...]  # shown to the model (empty with tool_choice none)
+    names: frozenset[str]
+    constraint: StructuredOutput | None  # forced calls
+    parses_calls: bool
+
+    @property
+    def is_forced(self) -> bool:
+        return self.constraint is not None
+
+
+NO_TOOLS = ToolPlan((), frozenset(), None, False)
+
+
+class ToolFields(BaseModel):
+    """The chat request fields about tools; mixed into the chat body."""
+
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+    functions: Any = None
+    function_call: Any = None
+
+    def tool_plan(self, has_structured_output: bool) -> ToolPlan:
+        """The plan, or a 400 naming the field that makes the request contradictory."""
+        for legacy in ("functions", "function_call"):
+            if getattr(self, legacy) is not None:
+                raise APIError(400, f"{legacy} is deprecated and not supported: send tools and tool_choice", param=legacy)
+        if self.tools is None:
+            if self.tool_choice not in (None, "none"):
+                raise APIError(400, "tool_choice needs tools", param="tool_choice")
+            return NO_TOOLS
+        if not self.tools:
+            raise APIError(400, "tools must not be empty (leave the field out instead)", param="tools")
+        functions = {tool.function.name: tool.function for tool in self.tools}
+        if len(functions) != len(self.tools):
+            duplicate = next(n for n in functions if sum(t.function.name == n for t in self.tools) > 1)
+            raise APIError(400, f"tools name the function {duplicate!r} twice", param="tools")
+        choice = self.tool_choice or "auto"
+        if choice == "none":
+            return NO_TOOLS
+        if has_structured_output:
+            raise APIError(
+                400, "tools and a response format both constrain the output: give one (or tool_choice none)", param="tools"
+            )
+        shown = tuple(tool.model_dump(exclude_none=True) for tool in self.tools)
+        if choice == "auto":
+            return ToolPlan(shown, frozenset(functions), None, True)
+        if choice == "required":
+            grammar = calls_grammar(list(functions.values()), several=self.parallel_tool_calls)
+        else:
+            if choice.function.name not in functions:
+                raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
+            grammar = calls_grammar([functions[choice.function.name]], several=False)
+        return ToolPlan(shown, frozenset(functions), StructuredOutput.grammar(grammar), True)
+
+
+def calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
+    """A Lark grammar (llguidance's dialect, with ``%json`` schemas) for one call, or calls, of ``functions``."""
+    rules = ['start: call ("\\n" call)*' if several else "start: call", "call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
+    for number, function in enumerate(functions):
+        schema = dict(function.parameters if function.parameters is not None else NO_PARAMETERS)
+        if "properties" in schema:  # only the declared parameters, as OpenAI's strict mode has it
+            schema.setdefault("additionalProperties", False)
+        schema["x-guidance"] = COMPACT_JSON
+        head = f'{TOOL_CALL_OPEN}\n{{"name": "{function.name}", "arguments": '
+        rules.append(f"call_{number}: {json.dumps(head)} args_{number} {json.dumps('}' + chr(10) + TOOL_CALL_CLOSE)}")
+        rules.append(f"args_{number}: %json {json.dumps(schema)}")
+    return "\n".join(rules)

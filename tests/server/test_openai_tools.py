@@ -1,0 +1,119 @@
+"""Tool calling with the official openai client on the real model: forced calls always valid, history in the prompt."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pydantic
+import pytest
+from langchain_openai import ChatOpenAI
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"hours_ahead": {"type": "integer", "minimum": 0, "maximum": 12}},
+            "required": ["hours_ahead"],
+            "additionalProperties": False,
+        },
+    },
+}
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in (WEATHER, TIME)}
+QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def client(model_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{model_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def check(name: str, arguments: str) -> None:
+    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_required_returns_one_valid_call(client, temperature) -> None:
+    response = client.chat.completions.create(
+        model="smollm2", messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False,
+        max_tokens=48, temperature=temperature, seed=7,
+    )
+    choice = response.choices[0]
+    (call,) = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert call.id.startswith("call_") and call.type == "function"
+    check(call.function.name, call.function.arguments)
+
+
+def test_a_named_function_streams_valid_arguments(client) -> None:
+    stream = client.chat.completions.create(
+        model="smollm2", messages=QUESTION, tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=48, temperature=0.7, seed=3, stream=True,
+    )
+    chunks = list(stream)
+    parts = [part for chunk in chunks for part in chunk.choices[0].delta.tool_calls or ()]
+    assert parts[0].id.startswith("call_") and parts[0].function.name == "get_time"
+    assert {part.index for part in parts} == {0}
+    check("get_time", "".join(part.function.arguments or "" for part in parts))
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(chunk.choices[0].delta.content for chunk in chunks)
+
+
+def test_a_tool_conversation_renders_into_the_prompt(client, model_server) -> None:
+    arguments = '{"city": "Paris", "unit": "celsius"}'
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "18 degrees, light rain"},
+    ]
+    tokens = httpx.post(f"{model_server.url}/tokenize", json={"messages": history, "tools": [WEATHER]}, timeout=60).json()["tokens"]
+    text = httpx.post(f"{model_server.url}/detokenize", json={"tokens": tokens}, timeout=60).json()["prompt"]
+    assert text.startswith("<|im_start|>system\nYou can call functions") and '"name": "get_weather"' in text
+    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call><|im_end|>' in text
+    assert "<|im_start|>user\n<tool_response>\n18 degrees, light rain\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    without_tools = httpx.post(f"{model_server.url}/tokenize", json={"messages": history}, timeout=60).json()["count"]
+    answer = client.chat.completions.create(model="smollm2", messages=history, tools=[WEATHER], tool_choice="none", max_tokens=4, temperature=0)
+    assert answer.usage.prompt_tokens == without_tools < len(tokens)  # with tool_choice none the tools are not shown
+
+
+def test_continue_final_message_continues_the_assistant_turn(client, model_server) -> None:
+    chat = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "A fruit that is yellow is the"}]
+    body = {"messages": chat, "add_generation_prompt": False, "continue_final_message": True}
+    tokens = httpx.post(f"{model_server.url}/tokenize", json=body, timeout=60).json()["tokens"]
+    text = httpx.post(f"{model_server.url}/detokenize", json={"tokens": tokens}, timeout=60).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\nA fruit that is yellow is the")
+    answer = client.chat.completions.create(model="smollm2", messages=chat, max_tokens=3, temperature=0, extra_body=body)
+    assert answer.usage.prompt_tokens == len(tokens)
+
+
+class GetWeather(pydantic.BaseModel):
+    """The current weather in a city."""
+
+    city: str = pydantic.Field(max_length=24)
+
+
+def test_langchain_bind_tools_and_structured_output_by_function_calling(model_server) -> None:
+    llm = ChatOpenAI(base_url=f"{model_server.url}/v1", api_key="unused", model="smollm2", temperature=0, max_tokens=40, max_retries=0)
+    (call,) = llm.bind_tools([GetWeather], tool_choice="any").invoke("What is the weather in Paris?").tool_calls
+    assert call["name"] == "GetWeather" and set(call["args"]) == {"city"} and call["id"].startswith("call_")
+    chunks = list(llm.bind_tools([GetWeather], tool_choice="GetWeather").stream("And in Rome?"))
+    streamed = sum(chunks[1:], chunks[0])
+    assert [c["name"] for c in streamed.tool_calls] == ["GetWeather"] and set(streamed.tool_calls[0]["args"]) == {"city"}
+    assert isinstance(llm.with_structured_output(GetWeather, method="function_calling").invoke("Weather in Oslo?"), GetWeather)
