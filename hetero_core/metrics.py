@@ -39,14 +39,3 @@ class EngineMetrics:
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
 
-    @property
-    def requests_completed(self) -> int:
-        return self.requests_finished[FinishReason.STOP] + self.requests_finished[FinishReason.LENGTH]
-
-    @property
-    def requests_failed(self) -> int:
-        return self.requests_finished[FinishReason.ERROR]
-
-    @property
-    def requests_aborted(self) -> int:
-        return self.requests_finished[FinishReason.ABORT]

@@ -48,8 +48,11 @@ class Tokenizer(Protocol):
     """Text to token ids and back, plus the model's chat format.
 
     Token ids are ints in ``[0, vocab_size)``. ``eos_token_id`` ends
-    generation unless a request sets ``ignore_eos``; the ids may be None
-    when the vocabulary has no such token.
+    generation unless a request sets ``ignore_eos``; ``bos_token_id`` is the
+    prefix :meth:`encode` adds with ``add_special_tokens``; a grammar engine
+    treats all three, ``pad_token_id`` included, as control tokens that no
+    constrained text may contain. Each may be None when the vocabulary has
+    no such token.
     """
 
     @property

@@ -50,10 +50,6 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
 
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
 
 def prefill_target(seq: Sequence) -> int:
     """How many tokens the sequence computes before it samples (or forks)."""
@@ -79,7 +75,6 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._seq_ids = seq_ids if seq_ids is not None else itertools.count()
-        self.num_preemptions = 0
 
     def new_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -170,7 +165,6 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.state = RequestState.PENDING
         seq.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.append(seq)
         out.preempted.append(seq)
 

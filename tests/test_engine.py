@@ -222,7 +222,7 @@ def test_a_failing_batch_fails_only_its_requests(caplog) -> None:
     assert "poisoned" not in records[bad].error  # the exception's text goes to the log only
     assert any(error_id in r.getMessage() and "poisoned batch" in r.getMessage() for r in caplog.records)
     assert engine.get_memory_stats().used_blocks == 0
-    assert engine.metrics.requests_failed == 1
+    assert engine.metrics.requests_finished[FinishReason.ERROR] == 1
 
 
 def test_a_sequence_that_fails_its_batch_fails_alone() -> None:

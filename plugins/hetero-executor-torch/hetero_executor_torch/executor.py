@@ -252,8 +252,8 @@ class TorchExecutor:
             v_cache[dst] = v_cache[src]
 
     def _decode_groups(self, decodes: list) -> list[DecodeGroup]:
-        """Split the length-sorted decodes in two when there are enough: padding to the longest of each
-        half saved about 18% of decode attention at batch 32 (1.31 -> 1.08 ms per layer)."""
+        """Split the length-sorted decodes in two when there are enough: padding each half only to
+        its own longest sequence cuts the attention work of short sequences in a large batch."""
         size = self.block_size
         halves = [decodes] if len(decodes) < MIN_DECODES_TO_SPLIT else [decodes[: len(decodes) // 2], decodes[len(decodes) // 2 :]]
         groups, start = [], 0
