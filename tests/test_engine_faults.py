@@ -165,8 +165,8 @@ class PolicyPlugin:
         plugin = self
 
         class Policy:
-            def order_waiting(self, waiting):
-                return plugin.order(list(waiting))
+            def order(self, seqs):
+                return plugin.order(list(seqs))
 
             def choose_victim(self, running):
                 return plugin.victim(list(running))
@@ -177,8 +177,8 @@ class PolicyPlugin:
 @pytest.mark.parametrize(
     ("order", "victim", "match"),
     [
-        (lambda w: w + w[:1], lambda r: r[-1], "order_waiting must return a permutation of the 2 sequences.*got 3 items"),
-        (lambda w: None, lambda r: r[-1], "order_waiting must return a permutation.*got NoneType"),
+        (lambda w: w + w[:1], lambda r: r[-1], "order must return a permutation of the 2 sequences.*got 3 items"),
+        (lambda w: None, lambda r: r[-1], "order must return a permutation.*got NoneType"),
         (lambda w: w, lambda r: None, "choose_victim must return one of the"),
     ],
 )

@@ -182,7 +182,7 @@ def installed_listing() -> dict[str, dict]:
     ("distribution", "plugin", "components"),
     [
         ("hetero-cache-paged", "paged", {"cache_allocator": ["paged"]}),
-        ("hetero-schedulers", "schedulers", {"scheduler": ["fcfs", "priority"]}),
+        ("hetero-schedulers", "schedulers", {"scheduler": ["fcfs", "lpm", "priority"]}),
         ("hetero-executor-torch", "torch", {"executor": ["torch"]}),
         ("hetero-executor-numba", "numba-cuda", {"executor": ["numba-cuda"]}),
         ("hetero-tokenizer-hf", "huggingface", {"tokenizer": ["huggingface"]}),
