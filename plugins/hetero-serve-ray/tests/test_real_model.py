@@ -13,6 +13,8 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
 from serve_ray_harness import ReplicatedServer, num_completed
 
+pytestmark = pytest.mark.model  # the embedded model, in two replicas
+
 MAX_TOKENS = 24
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
 CHATS = ["What is 2 + 2?", "Name a colour of the rainbow."]

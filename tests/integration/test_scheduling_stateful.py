@@ -20,7 +20,7 @@ from hetero_core.scheduler import SchedulerOutput
 from hetero_core.sequence import FinishReason
 from hetero_core.sequence_view import SequenceView
 
-from .conftest import mock_config
+from .conftest import plugin_config
 
 
 LPM_MAX_OVERTAKES = 2
@@ -42,7 +42,7 @@ class EngineWorkload(RuleBasedStateMachine):
         self, policy, num_blocks, block_size, max_batch_size, max_total_tokens, max_num_seqs, threshold, prefix_caching, eos
     ) -> None:
         self.engine = InferenceEngine(
-            mock_config(
+            plugin_config(
                 scheduler=policy,
                 max_num_blocks=num_blocks,
                 block_size=block_size,
@@ -168,7 +168,7 @@ TestEngineWorkload = EngineWorkload.TestCase
 
 
 def run_workload(num_blocks: int) -> tuple[dict[str, list[list[int]]], int]:
-    engine = InferenceEngine(mock_config(max_num_blocks=num_blocks, block_size=2, max_model_len=60, max_total_tokens=16))
+    engine = InferenceEngine(plugin_config(max_num_blocks=num_blocks, block_size=2, max_model_len=60, max_total_tokens=16))
     prompts = [[(i * 7 + j) % 250 for j in range(3 + (i * 5) % 17)] for i in range(24)]
     ids = {}
     for i, prompt in enumerate(prompts):
