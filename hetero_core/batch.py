@@ -58,10 +58,6 @@ class ScheduledSequence:
     allowed_tokens: Any = None  # numpy int32 bitmask row (hetero_core.structured_output) of the tokens it may take; None: all
 
     @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
 
@@ -85,10 +81,6 @@ class ExecutionBatch:
     sequences: list[ScheduledSequence]
     block_size: int
     block_copies: list[BlockCopy] = attrs.field(factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(s.token_ids) for s in self.sequences)
 
 
 @attrs.define

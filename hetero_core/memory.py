@@ -28,7 +28,3 @@ class MemoryStats:
     def usage(self) -> float:
         """Fraction of the pool held by live sequences (cached blocks count as available)."""
         return self.used_blocks / self.total_blocks if self.total_blocks else 0.0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0

@@ -50,14 +50,3 @@ class EngineMetrics:
         self.num_waiting = num_waiting
         self.kv_cache_usage = cache.usage
 
-    @property
-    def requests_completed(self) -> int:
-        return self.requests_finished[FinishReason.STOP] + self.requests_finished[FinishReason.LENGTH]
-
-    @property
-    def requests_failed(self) -> int:
-        return self.requests_finished[FinishReason.ERROR]
-
-    @property
-    def requests_aborted(self) -> int:
-        return self.requests_finished[FinishReason.ABORT]

@@ -16,7 +16,7 @@ import attrs
 
 from hetero_core.batch import BlockCopy, ExecutionBatch, ExecutionOutput
 from hetero_core.memory import MemoryStats
-from hetero_core.sequence import Sequence
+from hetero_core.sequence_view import SequenceView
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -48,8 +48,11 @@ class Tokenizer(Protocol):
     """Text to token ids and back, plus the model's chat format.
 
     Token ids are ints in ``[0, vocab_size)``. ``eos_token_id`` ends
-    generation unless a request sets ``ignore_eos``; the ids may be None
-    when the vocabulary has no such token.
+    generation unless a request sets ``ignore_eos``; ``bos_token_id`` is the
+    prefix :meth:`encode` adds with ``add_special_tokens``; a grammar engine
+    treats all three, ``pad_token_id`` included, as control tokens that no
+    constrained text may contain. Each may be None when the vocabulary has
+    no such token.
     """
 
     @property
@@ -120,21 +123,30 @@ class SchedulerPolicy(Protocol):
     """Decides who goes first; never how much goes.
 
     The core's scheduler enforces every budget (sequences, tokens, memory);
-    the policy only orders. Both methods receive :class:`Sequence` objects,
-    whose ``request`` carries ``priority``, ``arrival_index`` and
-    ``arrival_time``. A policy must be deterministic for equal inputs and
-    must not starve: a sequence that waits must eventually come first.
+    the policy only orders. Both methods receive read-only
+    :class:`~hetero_core.sequence_view.SequenceView` objects (request id,
+    sample index, priority, arrival, token counts, prefix-cache match) and
+    return some of them. A policy must be deterministic for equal inputs
+    and must not starve: a sequence that waits must eventually come first.
     """
 
-    def order_waiting(self, waiting: SequenceOf[Sequence]) -> list[Sequence]:
-        """Return ``waiting`` in admission order (a permutation; the first is admitted first).
+    #: When True, the scheduler fills each waiting sequence's
+    #: ``num_prefix_match_tokens`` before :meth:`order` (a prefix-cache lookup
+    #: per waiting sequence and step); when False or absent, it stays 0 and
+    #: costs nothing.
+    wants_prefix_match: bool
 
-        Preempted sequences are in ``waiting`` too; a policy normally puts them
+    def order(self, seqs: SequenceOf[SequenceView]) -> list[SequenceView]:
+        """Return ``seqs`` in the order they should be served (a permutation; the first goes first).
+
+        Called each step for the waiting queue (admission order) and for the
+        running sequences (which keep their place when the step's budgets run
+        out). Preempted sequences are waiting too; a policy normally puts them
         where their original arrival places them, which is near the front.
         """
         ...
 
-    def choose_victim(self, running: SequenceOf[Sequence]) -> Sequence:
+    def choose_victim(self, running: SequenceOf[SequenceView]) -> SequenceView:
         """Pick the running sequence to preempt when the cache cannot grow (``running`` is never empty)."""
         ...
 
@@ -172,6 +184,17 @@ class CacheAllocator(Protocol):
         multiple of ``block_size``, always less than ``len(token_ids)`` so the
         last token is computed again and yields logits). Without a hit it is 0.
         No other block is taken: :meth:`append_slots` grows the table.
+        """
+        ...
+
+    def num_cached_prefix_tokens(self, token_ids: SequenceOf[int]) -> int:
+        """How many tokens :meth:`allocate` would find cached for ``token_ids`` if called now.
+
+        The same figure as :meth:`allocate`'s return value (a multiple of
+        ``block_size``, less than ``len(token_ids)``; 0 without prefix
+        caching), but it takes nothing, counts nothing in :meth:`stats` and
+        changes no state. Cheap: scheduler policies that prefer long prefix
+        matches call it for every waiting sequence at every step.
         """
         ...
 

@@ -32,6 +32,7 @@ from hetero_core.config import EngineConfig
 from hetero_core.errors import SchedulerError
 from hetero_core.protocols import CacheAllocator, SchedulerPolicy
 from hetero_core.sequence import RequestState, Sequence
+from hetero_core.sequence_view import SequenceView, sequence_of
 
 
 @attrs.define
@@ -54,10 +55,6 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
 
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
 
 def prefill_target(seq: Sequence) -> int:
     """How many tokens the sequence computes before it samples (or forks)."""
@@ -79,11 +76,11 @@ class Scheduler:
         self.config = config
         self.policy = policy
         self.policy_plugin = policy_plugin
+        self.wants_prefix_match = bool(getattr(policy, "wants_prefix_match", False))
         self.allocator = allocator
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._seq_ids = seq_ids if seq_ids is not None else itertools.count()
-        self.num_preemptions = 0
 
     def new_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -145,34 +142,39 @@ class Scheduler:
                 return False
         return True
 
-    def _order(self, seqs: list[Sequence]) -> list[Sequence]:
+    def _order(self, seqs: list[Sequence], *, waiting: bool = False) -> list[Sequence]:
         """The policy's order, checked to be a permutation of ``seqs``."""
-        ordered = self.policy.order_waiting(seqs)
-        if not isinstance(ordered, list) or len(ordered) != len(seqs) or {id(s) for s in ordered} != {id(s) for s in seqs}:
+        if waiting and self.wants_prefix_match:
+            match = self.allocator.num_cached_prefix_tokens
+            views = [SequenceView(s, match(s.token_ids)) for s in seqs]
+        else:
+            views = [SequenceView(s) for s in seqs]
+        ordered = self.policy.order(views)
+        if not isinstance(ordered, list) or len(ordered) != len(views) or {id(v) for v in ordered} != {id(v) for v in views}:
             got = type(ordered).__name__ if not isinstance(ordered, list) else f"{len(ordered)} items"
             raise SchedulerError(
-                f"scheduler policy plugin {self.policy_plugin!r}: order_waiting must return a permutation of the"
+                f"scheduler policy plugin {self.policy_plugin!r}: order must return a permutation of the"
                 f" {len(seqs)} sequences it was given (each once), got {got}"
             )
-        return ordered
+        return [sequence_of(v) for v in ordered]
 
     def _victim(self, candidates: list[Sequence]) -> Sequence:
         """The policy's preemption victim, checked to be one of ``candidates``."""
         if not candidates:
             raise SchedulerError("the cache cannot grow and no running sequence can be preempted")
-        victim = self.policy.choose_victim(candidates)
-        if not any(victim is s for s in candidates):
+        views = [SequenceView(s) for s in candidates]
+        victim = self.policy.choose_victim(views)
+        if not any(victim is v for v in views):
             raise SchedulerError(
                 f"scheduler policy plugin {self.policy_plugin!r}: choose_victim must return one of the"
                 f" {len(candidates)} running sequences it was given, got {victim!r:.100}"
             )
-        return victim
+        return sequence_of(victim)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.allocator.free(seq.seq_id)
         seq.preempt()
-        self.num_preemptions += 1
         self.waiting.append(seq)
         out.preempted.append(seq)
 
@@ -188,8 +190,10 @@ class Scheduler:
             out.num_prefill_tokens += num_new
 
     def _admit_waiting(self, out: SchedulerOutput, token_budget: int, seq_budget: int) -> None:
+        if not self.waiting or seq_budget == 0 or token_budget == 0:
+            return
         admitted: set[int] = set()
-        for seq in self._order(self.waiting) if self.waiting else ():
+        for seq in self._order(self.waiting, waiting=True):
             if seq_budget == 0 or token_budget == 0:
                 break
             if self.num_reserved_seqs + 1 + seq.pending_forks > self.config.max_num_seqs:

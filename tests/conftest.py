@@ -1,24 +1,89 @@
-"""Shared fixtures: small engines on the mock executor and the simple tokenizer."""
+"""Core tests: the core alone, on reference components.
+
+Every test under ``tests/`` runs without the installed plugins, except
+the ``integration`` ones: the autouse fixture below hides the ``hetero_infer``
+entry points from :func:`hetero_core.plugins.create_plugin_manager`, so each
+engine, server or CLI built in-process gets a fresh plugin manager holding
+the built-in plugin (the ``simple`` tokenizer, the ``mock`` executor, the
+``local_engine`` and ``command_bridge`` serving backends) and
+:mod:`hetero_core.testing.reference` (the ``reference`` scheduler policy
+and cache allocator), which :func:`mock_config` names in ``plugins.load``.
+No plugin package is imported. A test that needs another plugin (the
+schedulers, the paged allocator, the Hugging Face tokenizer, the torch
+executor, the grammar engine, Ray) lives in ``tests/integration/`` (each
+test there is marked ``integration`` by the root ``conftest.py``), or, when
+it shares a module's helpers with core tests, carries the ``integration``
+marker itself (the real-model server tests in ``tests/server/``, also
+marked ``model``). Integration tests see every installed plugin.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import importlib.metadata
+from typing import Any, Iterator
 
 import pytest
 
+from hetero_core import plugins
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 
+REFERENCE_PLUGIN = "hetero_core.testing.reference"
+
+
+def installed_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """What ``hetero_core.plugins`` finds when nothing hides the installed plugins."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=plugins.ENTRY_POINT_GROUP)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def without_installed_plugins(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No entry point is loaded: only the built-ins and the plugins a test names itself.
+
+    Module-scoped, so that the module's servers and engines are built without them too.
+    """
+    if request.node.get_closest_marker("integration") is not None:  # a module of integration tests
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plugins, "_entry_points", dict)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def installed_plugins_for_integration_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``integration`` test in a module of core tests sees the installed plugins again."""
+    if request.node.get_closest_marker("integration") is not None:
+        monkeypatch.setattr(plugins, "_entry_points", installed_entry_points)
+
+
+@contextlib.contextmanager
+def installed_plugins() -> Iterator[None]:
+    """The installed plugins, for a fixture of integration tests that a core module may set up first."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plugins, "_entry_points", installed_entry_points)
+        yield
+
+
+def core_plugin_manager(*inline: tuple[Any, str]) -> plugins.PluginManager:
+    """A fresh plugin manager: the built-ins, the reference components and ``inline`` (object, name) plugins."""
+    pm = plugins.create_plugin_manager(entry_points=False, load=[REFERENCE_PLUGIN])
+    for plugin, name in inline:
+        pm.register(plugin, name=name)
+    return pm
+
 
 def mock_config(**overrides: Any) -> EngineConfig:
-    """An engine config for the byte-level tokenizer and the deterministic mock executor."""
+    """An engine config for the byte-level tokenizer, the deterministic mock executor and the reference components."""
     values: dict[str, Any] = dict(
         tokenizer="simple",
         executor="mock",
-        scheduler="fcfs",
-        cache_allocator="paged",
+        scheduler="reference",
+        cache_allocator="reference",
         block_size=4,
         max_num_blocks=64,
+        plugins={"load": [REFERENCE_PLUGIN]},
     )
     values.update(overrides)
     return EngineConfig.from_mapping(values)

@@ -11,10 +11,9 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.errors import CacheMemoryError, SchedulerError, ValidationError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.params import GenerationParams
-from hetero_core.plugins import create_plugin_manager
 from hetero_core.sequence import FinishReason
 
-from .conftest import mock_config
+from .conftest import core_plugin_manager, mock_config
 
 GREEDY = GenerationParams(temperature=0.0, max_tokens=12)
 
@@ -212,14 +211,7 @@ class FlakyExecutorPlugin:
 
 
 def flaky_engine(plugin: FlakyExecutorPlugin, **overrides) -> InferenceEngine:
-    pm = create_plugin_manager(entry_points=False)
-    from hetero_cache_paged import plugin as paged
-    from hetero_schedulers import plugin as schedulers
-
-    pm.register(paged, name="paged")
-    pm.register(schedulers, name="schedulers")
-    pm.register(plugin, name="flaky")
-    return InferenceEngine(mock_config(executor="flaky", **overrides), plugin_manager=pm)
+    return InferenceEngine(mock_config(executor="flaky", **overrides), plugin_manager=core_plugin_manager((plugin, "flaky")))
 
 
 def test_transient_executor_faults_are_retried() -> None:
@@ -240,7 +232,7 @@ def test_a_failing_batch_fails_only_its_requests(caplog) -> None:
     assert "poisoned" not in records[bad].error  # the exception's text goes to the log only
     assert any(error_id in r.getMessage() and "poisoned batch" in r.getMessage() for r in caplog.records)
     assert engine.get_memory_stats().used_blocks == 0
-    assert engine.metrics.requests_failed == 1
+    assert engine.metrics.requests_finished[FinishReason.ERROR] == 1
 
 
 def test_a_sequence_that_fails_its_batch_fails_alone() -> None:
@@ -272,14 +264,7 @@ def test_observer_hooks_see_the_engine_work() -> None:
         def on_request_finished(self, engine, completed):
             seen["finished"].append(completed.request_id)
 
-    pm = create_plugin_manager(entry_points=False)
-    from hetero_cache_paged import plugin as paged
-    from hetero_schedulers import plugin as schedulers
-
-    for module, name in ((paged, "paged"), (schedulers, "schedulers")):
-        pm.register(module, name=name)
-    pm.register(Observer(), name="observer")
-    engine = InferenceEngine(mock_config(), plugin_manager=pm)
+    engine = InferenceEngine(mock_config(), plugin_manager=core_plugin_manager((Observer(), "observer")))
     request_id = engine.submit_request("watch", GREEDY)
     engine.run()
     assert seen["started"] == [engine]

@@ -15,24 +15,18 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.errors import ConfigError, SchedulerError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.params import GenerationParams
-from hetero_core.plugins import create_plugin_manager
 from hetero_core.sequence import FinishReason
+from hetero_core.testing.reference import ReferenceAllocator
 
-from .conftest import mock_config
+from .conftest import core_plugin_manager, mock_config
 
 GREEDY = GenerationParams(temperature=0.0, max_tokens=8)
 POISON = 255  # a prompt holding this token makes the faulty executors misbehave on its sequence
 
 
 def engine_with(*plugins: tuple[Any, str], **overrides: Any) -> InferenceEngine:
-    """An engine on the mock components plus inline ``plugins`` (object, name)."""
-    from hetero_cache_paged import plugin as paged
-    from hetero_schedulers import plugin as schedulers
-
-    pm = create_plugin_manager(entry_points=False)
-    for module, name in ((paged, "paged"), (schedulers, "schedulers"), *plugins):
-        pm.register(module, name=name)
-    return InferenceEngine(mock_config(**overrides), plugin_manager=pm)
+    """An engine on the reference components plus inline ``plugins`` (object, name)."""
+    return InferenceEngine(mock_config(**overrides), plugin_manager=core_plugin_manager(*plugins))
 
 
 class FaultyExecutorPlugin:
@@ -166,8 +160,8 @@ class PolicyPlugin:
         plugin = self
 
         class Policy:
-            def order_waiting(self, waiting):
-                return plugin.order(list(waiting))
+            def order(self, seqs):
+                return plugin.order(list(seqs))
 
             def choose_victim(self, running):
                 return plugin.victim(list(running))
@@ -178,8 +172,8 @@ class PolicyPlugin:
 @pytest.mark.parametrize(
     ("order", "victim", "match"),
     [
-        (lambda w: w + w[:1], lambda r: r[-1], "order_waiting must return a permutation of the 2 sequences.*got 3 items"),
-        (lambda w: None, lambda r: r[-1], "order_waiting must return a permutation.*got NoneType"),
+        (lambda w: w + w[:1], lambda r: r[-1], "order must return a permutation of the 2 sequences.*got 3 items"),
+        (lambda w: None, lambda r: r[-1], "order must return a permutation.*got NoneType"),
         (lambda w: w, lambda r: None, "choose_victim must return one of the"),
     ],
 )
@@ -192,9 +186,7 @@ def test_a_policy_that_breaks_its_contract_is_named(order, victim, match: str) -
 
 
 def test_a_leaking_allocator_is_reported_by_name(caplog) -> None:
-    from hetero_cache_paged.allocator import PagedAllocator
-
-    class Leaky(PagedAllocator):
+    class Leaky(ReferenceAllocator):
         def free(self, seq_id: int) -> None:
             pass
 

@@ -13,6 +13,8 @@ from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager, describe_plugins
 
+from .conftest import installed_plugins
+
 
 class PolicyPlugin:
     """An inline plugin that registers one scheduler policy."""
@@ -153,6 +155,7 @@ def installed_distribution(tmp_path, monkeypatch):
     return "fake"
 
 
+@pytest.mark.integration  # the installed plugins, through their entry points
 def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) -> None:
     pm = create_plugin_manager()
     assert "fake" in ComponentRegistry(pm).names("scheduler")
@@ -175,14 +178,16 @@ def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) ->
 
 @pytest.fixture(scope="module")
 def installed_listing() -> dict[str, dict]:
-    return {p["name"]: p for p in describe_plugins(create_plugin_manager())}
+    with installed_plugins():
+        return {p["name"]: p for p in describe_plugins(create_plugin_manager())}
 
 
+@pytest.mark.integration  # the installed plugins, through their entry points
 @pytest.mark.parametrize(
     ("distribution", "plugin", "components"),
     [
         ("hetero-cache-paged", "paged", {"cache_allocator": ["paged"]}),
-        ("hetero-schedulers", "schedulers", {"scheduler": ["fcfs", "priority"]}),
+        ("hetero-schedulers", "schedulers", {"scheduler": ["fcfs", "lpm", "priority"]}),
         ("hetero-executor-torch", "torch", {"executor": ["torch"]}),
         ("hetero-executor-numba", "numba-cuda", {"executor": ["numba-cuda"]}),
         ("hetero-tokenizer-hf", "huggingface", {"tokenizer": ["huggingface"]}),
@@ -216,6 +221,7 @@ def broken_distribution(tmp_path, monkeypatch) -> str:
     return "wreck"
 
 
+@pytest.mark.integration  # the installed plugins, through their entry points
 def test_a_plugin_that_fails_to_import_is_listed_as_broken_and_the_others_work(broken_distribution) -> None:
     pm = create_plugin_manager()
     assert "ModuleNotFoundError" in pm.broken["wreck"] and "no_such_module_anywhere" in pm.broken["wreck"]
@@ -247,6 +253,7 @@ def test_loading_a_module_that_is_also_an_entry_point_loads_it_once(installed_di
     assert ComponentRegistry(pm).names("scheduler").count("fake") == 1
 
 
+@pytest.mark.integration  # the installed plugins, through their entry points
 @pytest.mark.parametrize("variable", ["HETERO_PLUGINS", "HETERO_DISABLE_PLUGINS"])
 def test_typos_in_the_plugin_lists_are_errors(monkeypatch, variable: str) -> None:
     monkeypatch.setenv(variable, "shedulers")
@@ -254,6 +261,7 @@ def test_typos_in_the_plugin_lists_are_errors(monkeypatch, variable: str) -> Non
         create_plugin_manager()
 
 
+@pytest.mark.integration  # the installed plugins, through their entry points
 def test_choosing_a_component_of_a_disabled_plugin_says_so() -> None:
     registry = ComponentRegistry(create_plugin_manager(disable=["paged", "builtin"]))
     with pytest.raises(ConfigError, match="cache_allocator 'paged' is provided by plugin 'paged', which is disabled"):

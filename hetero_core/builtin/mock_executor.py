@@ -76,7 +76,6 @@ class MockExecutor:
         self._step_latency = step_latency
         self._slots = np.empty(0, dtype=np.int64)
         self._block_size = 0
-        self.num_executed_batches = 0
 
     @property
     def model_info(self) -> ModelInfo:
@@ -120,7 +119,6 @@ class MockExecutor:
             sampled[seq.seq_id] = token_id
             if seq.params.logprobs is not None:
                 logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs, candidates)
-        self.num_executed_batches += 1
         if self._step_latency:
             time.sleep(self._step_latency)
         return ExecutionOutput(sampled, logprobs, prompt_logprobs=prompt_logprobs)

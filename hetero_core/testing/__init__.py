@@ -3,6 +3,9 @@
 The checks are plain ``assert`` statements; pytest rewrites them (registered
 below, before the modules load), so a failing check shows the values it
 compared. Install the dependencies with ``pip install hetero-core[testing]``.
+:mod:`hetero_core.testing.reference` is a plugin with a ``reference`` scheduler
+policy and cache allocator, for running a component in an engine without
+the project's other plugins.
 """
 
 import pytest

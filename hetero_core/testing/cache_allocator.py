@@ -140,7 +140,11 @@ class CacheAllocatorWorkload(RuleBasedStateMachine):
     @rule(tokens=st.lists(ALPHABET, min_size=1, max_size=12))
     def allocate(self, tokens: list[int]) -> None:
         seq_id = self.new_seq_id()
+        stats_before = self.allocator.stats()
+        predicted = self.allocator.num_cached_prefix_tokens(tokens)
+        assert self.allocator.stats() == stats_before, "num_cached_prefix_tokens changed the pool or its counters"
         num_cached = self.allocator.allocate(seq_id, tokens)
+        assert num_cached == predicted, f"num_cached_prefix_tokens said {predicted}, allocate found {num_cached}"
         assert num_cached % self.size == 0 and 0 <= num_cached < len(tokens)
         assert len(self.allocator.block_table(seq_id)) == num_cached // self.size
         self.tokens[seq_id], self.computed[seq_id] = list(tokens), num_cached
@@ -352,6 +356,21 @@ class CacheAllocatorContract:
             assert table == allocator.block_table(0)[: num_cached // 4]
             allocator.free(100 + length)
         assert_accounting(allocator.stats())
+
+    def test_a_prefix_query_predicts_allocate_and_takes_nothing(self) -> None:
+        allocator = self.make_allocator(16, 4)
+        tokens = list(range(12))
+        assert allocator.num_cached_prefix_tokens(tokens) == 0
+        compute_prompt(allocator, 0, tokens)
+        allocator.free(0)
+        stats = allocator.stats()
+        for prompt in (tokens, tokens[:9], tokens[:8], [*tokens[:4], FILLER_TOKEN, *tokens[5:]], [FILLER_TOKEN, *tokens]):
+            predicted = allocator.num_cached_prefix_tokens(prompt)
+            assert predicted % 4 == 0 and 0 <= predicted < len(prompt)
+            assert allocator.stats() == stats
+            assert allocator.allocate(1, prompt) == predicted
+            allocator.free(1)
+            stats = allocator.stats()
 
     def test_cached_blocks_give_way_to_a_sequence_that_needs_them(self) -> None:
         allocator = self.make_allocator(4, 2)

@@ -16,6 +16,8 @@ from hetero_core.server.app import create_app
 from hetero_core.server.async_engine import AsyncEngine
 from hetero_core.server.run import Server
 
+from ..conftest import installed_plugins
+
 
 class RunningServer:
     """``create_app`` served by uvicorn on a free loopback port; ``engine_factory`` replaces how the engine is built."""
@@ -57,7 +59,16 @@ class RunningServer:
 
 
 def mock_server_config(**overrides: Any) -> EngineConfig:
-    values: dict[str, Any] = dict(tokenizer="simple", executor={"name": "mock", "vocab_size": 128}, block_size=4, max_num_blocks=256)
+    """A server on the core's reference components (see ``tests/conftest.py``)."""
+    values: dict[str, Any] = dict(
+        tokenizer="simple",
+        executor={"name": "mock", "vocab_size": 128},
+        scheduler="reference",
+        cache_allocator="reference",
+        plugins={"load": ["hetero_core.testing.reference"]},
+        block_size=4,
+        max_num_blocks=256,
+    )
     values.update(overrides)
     return EngineConfig.from_mapping(values)
 
@@ -66,8 +77,12 @@ def mock_server_config(**overrides: Any) -> EngineConfig:
 def model_server() -> Iterator[RunningServer]:
     """The embedded SmolLM2 in float32 (deterministic greedy answers), loaded once for every module."""
     config = EngineConfig(executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, server={"model_name": "smollm2"})
-    with RunningServer(config) as server:
+    with installed_plugins():  # its tests are integration tests; a core module may be the first to ask for it
+        server = RunningServer(config).start()
+    try:
         yield server
+    finally:
+        server.__exit__()
 
 
 @pytest.fixture(scope="module")

@@ -42,9 +42,9 @@ def test_stream_yields_deltas_and_an_early_exit_aborts() -> None:
         stream.close()
         engine = backend.engine
         deadline = time.monotonic() + 5
-        while not engine.metrics.requests_aborted and time.monotonic() < deadline:
+        while not engine.metrics.requests_finished[FinishReason.ABORT] and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert engine.metrics.requests_aborted == 1
+        assert engine.metrics.requests_finished[FinishReason.ABORT] == 1
 
 
 def test_bad_input_raises_in_the_caller() -> None:

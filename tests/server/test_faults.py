@@ -97,9 +97,8 @@ def test_an_engine_that_fails_to_build_stops_the_server() -> None:
 
 def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False)
+        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)  # the reference components
         pm.register(FailingExecutorPlugin())
-        pm.load_setuptools_entrypoints("hetero_infer")  # the scheduler and allocator plugins
         return InferenceEngine(config, plugin_manager=pm)
 
     config = mock_server_config(executor={"name": "failing", "vocab_size": 128}, max_retry_attempts=1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
+pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
+
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -10,6 +10,8 @@ import openai
 import pydantic
 import pytest
 
+pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
+
 CITY = [{"role": "user", "content": "Describe Paris as JSON: its name, its country and whether it is a capital."}]
 
 

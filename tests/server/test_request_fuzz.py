@@ -185,6 +185,8 @@ def test_no_body_harms_the_server_or_a_bystander(server) -> None:
     wait_for_free_blocks(server)
 
 
+@pytest.mark.model
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "body",
     [
@@ -202,6 +204,8 @@ def test_adversarial_bodies_on_the_real_model(model_server, body: dict) -> None:
     wait_for_free_blocks(model_server)
 
 
+@pytest.mark.model
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -116,9 +116,8 @@ class GatedTokenizerPlugin:
 
 def test_tokenizing_a_large_prompt_does_not_block_the_event_loop() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False)
+        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)
         pm.register(GatedTokenizerPlugin())
-        pm.load_setuptools_entrypoints("hetero_infer")
         return InferenceEngine(config, plugin_manager=pm)
 
     config = mock_server_config(tokenizer="gated", max_model_len=8192, max_num_blocks=4096)
@@ -159,9 +158,8 @@ class NonFinitePlugin:
 
 def test_no_non_finite_number_reaches_a_response() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False)
+        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)
         pm.register(NonFinitePlugin())
-        pm.load_setuptools_entrypoints("hetero_infer")
         return InferenceEngine(config, plugin_manager=pm)
 
     config = mock_server_config(executor={"name": "non-finite", "vocab_size": 128})

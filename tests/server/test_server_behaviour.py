@@ -34,6 +34,8 @@ async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str) ->
     return text, reason
 
 
+@pytest.mark.model
+@pytest.mark.integration
 def test_32_concurrent_streams_get_complete_correct_answers(model_server) -> None:
     prompts = [f"Count from {i} to {i + 5}:" for i in range(32)]
     whole = httpx.post(f"{model_server.url}/v1/completions", json={"prompt": prompts, "max_tokens": 12, "temperature": 0}, timeout=300)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence as SequenceOf
 
 from hetero_core.errors import ConfigError
-from hetero_core.sequence import Sequence
+from hetero_core.sequence_view import SequenceView
 
 
 class ShortestPromptFirst:
@@ -23,17 +23,19 @@ class ShortestPromptFirst:
             raise ConfigError(f"scheduler option aging must be a positive integer, got {aging!r}", param="aging")
         self.aging = aging
 
-    def _score(self, seq: Sequence, newest: int) -> tuple[int, int, int]:
-        remaining = seq.num_tokens - seq.num_computed_tokens
-        waited = newest - seq.request.arrival_index
-        return (remaining - self.aging * waited, seq.request.arrival_index, seq.index)
+    wants_prefix_match = False  # the scheduler need not look up prefix-cache matches for this policy
 
-    def order_waiting(self, waiting: SequenceOf[Sequence]) -> list[Sequence]:
-        if not waiting:
+    def _score(self, seq: SequenceView, newest: int) -> tuple[int, int, int]:
+        remaining = seq.num_prompt_tokens + seq.num_output_tokens - seq.num_computed_tokens
+        waited = newest - seq.arrival_index
+        return (remaining - self.aging * waited, seq.arrival_index, seq.sample_index)
+
+    def order(self, seqs: SequenceOf[SequenceView]) -> list[SequenceView]:
+        if not seqs:
             return []
-        newest = max(s.request.arrival_index for s in waiting)
-        return sorted(waiting, key=lambda s: self._score(s, newest))
+        newest = max(s.arrival_index for s in seqs)
+        return sorted(seqs, key=lambda s: self._score(s, newest))
 
-    def choose_victim(self, running: SequenceOf[Sequence]) -> Sequence:
+    def choose_victim(self, running: SequenceOf[SequenceView]) -> SequenceView:
         """The most recent arrival: it has the least invested work."""
-        return max(running, key=lambda s: (s.request.arrival_index, s.index))
+        return max(running, key=lambda s: (s.arrival_index, s.sample_index))

@@ -9,7 +9,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.testing import SchedulerPolicyContract
-from hetero_core.testing.scheduler_policy import make_sequence
+from hetero_core.testing.scheduler_policy import make_view
 from hetero_sjf_scheduler import ShortestPromptFirst
 
 
@@ -20,23 +20,23 @@ class TestShortestPromptFirstContract(SchedulerPolicyContract):
 
 
 def test_short_prompts_go_first() -> None:
-    long, short = make_sequence(0, num_prompt_tokens=300), make_sequence(1, num_prompt_tokens=5)
-    assert ShortestPromptFirst().order_waiting([long, short]) == [short, long]
+    long, short = make_view(0, num_prompt_tokens=300), make_view(1, num_prompt_tokens=5)
+    assert ShortestPromptFirst().order([long, short]) == [short, long]
 
 
 def test_each_later_arrival_moves_a_long_prompt_aging_tokens_forward() -> None:
     policy = ShortestPromptFirst(aging=10)
-    long = make_sequence(0, num_prompt_tokens=100)
+    long = make_view(0, num_prompt_tokens=100)
     # scores: 100 - 10 * arrivals since it came, against 20 for the newest prompt; ties go to the earlier arrival
     for later_arrivals, long_first in [(1, False), (7, False), (8, True), (9, True)]:
-        short = make_sequence(later_arrivals, num_prompt_tokens=20)
-        assert (policy.order_waiting([short, long])[0] is long) == long_first, later_arrivals
+        short = make_view(later_arrivals, num_prompt_tokens=20)
+        assert (policy.order([short, long])[0] is long) == long_first, later_arrivals
 
 
 def test_computed_prompt_tokens_do_not_count() -> None:
-    partly_done, fresh = make_sequence(0, num_prompt_tokens=64), make_sequence(0, num_prompt_tokens=30, index=1)
-    partly_done.num_computed_tokens = 48  # 16 tokens left to prefill
-    assert ShortestPromptFirst().order_waiting([fresh, partly_done]) == [partly_done, fresh]
+    partly_done = make_view(0, num_prompt_tokens=64, num_computed_tokens=48)  # 16 tokens left to prefill
+    fresh = make_view(0, num_prompt_tokens=30, index=1)
+    assert ShortestPromptFirst().order([fresh, partly_done]) == [partly_done, fresh]
 
 
 @pytest.mark.parametrize("aging", [0, -3, 1.5, True])

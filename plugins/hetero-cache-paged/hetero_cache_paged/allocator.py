@@ -15,7 +15,7 @@ resumes where it stopped.
 
 from __future__ import annotations
 
-from typing import Sequence as SequenceOf
+from typing import Iterator, Sequence as SequenceOf
 
 import attrs
 
@@ -94,20 +94,20 @@ class PagedAllocator:
         self._sequences[seq_id] = blocks
         if not self.enable_prefix_caching:
             return 0
-        size, pool = self._block_size, self._pool
-        for index in range((len(token_ids) - 1) // size):  # the last token is always computed again
-            tokens = tuple(token_ids[index * size : (index + 1) * size])
-            key = block_hash(blocks.key, tokens)
-            block = pool.lookup(key, blocks.identity, tokens)
-            if block is None:
-                break
-            pool.share(block)
+        for block, key, identity in self._cached_prefix(token_ids):
+            self._pool.share(block)
             blocks.table.append(block)
-            blocks.num_sealed, blocks.key, blocks.identity = index + 1, key, pool.identity(block)
-        num_cached = len(blocks.table) * size
+            blocks.key, blocks.identity = key, identity
+        blocks.num_sealed = len(blocks.table)
+        num_cached = len(blocks.table) * self._block_size
         self._prefix_cache_queries += len(token_ids)
         self._prefix_cache_hits += num_cached
         return num_cached
+
+    def num_cached_prefix_tokens(self, token_ids: SequenceOf[int]) -> int:
+        if not self.enable_prefix_caching:
+            return 0
+        return sum(1 for _ in self._cached_prefix(token_ids)) * self._block_size
 
     def can_append(self, seq_id: int, num_computed_tokens: int, num_new_tokens: int) -> bool:
         blocks = self._blocks(seq_id)
@@ -189,6 +189,22 @@ class PagedAllocator:
         self._pool.reset_prefix_cache()
 
     # ------------------------------------------------------------------ internals
+
+    def _cached_prefix(self, token_ids: SequenceOf[int]) -> Iterator[tuple[int, int, int]]:
+        """The cached blocks holding the leading full blocks of ``token_ids``, with each one's key and identity.
+
+        Stops at the first miss, and before the block of the last token, which is always computed again.
+        """
+        size, pool = self._block_size, self._pool
+        key, identity = ROOT_KEY, ROOT_IDENTITY
+        for index in range((len(token_ids) - 1) // size):
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            key = block_hash(key, tokens)
+            block = pool.lookup(key, identity, tokens)
+            if block is None:
+                return
+            identity = pool.identity(block)
+            yield block, key, identity
 
     def _blocks(self, seq_id: int) -> _SequenceBlocks:
         blocks = self._sequences.get(seq_id)

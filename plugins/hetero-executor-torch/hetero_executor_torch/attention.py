@@ -95,8 +95,8 @@ def decode_attention(query, k_cache, v_cache, group: DecodeGroup, scale: float) 
     """A decode group's outputs [count, heads, head_size]: one masked call over their gathered blocks.
 
     On the CPU the call runs in float32: torch's CPU kernel for one masked
-    query token is 5-7x slower in bfloat16 than in float32 (batch 16, 256 to
-    1024 positions), gather and casts included.
+    query token is several times slower in bfloat16 than in float32, gather
+    and casts included (figures in ``benchmarks/README.md``).
     """
     dtype = torch.float32 if query.device.type == "cpu" else query.dtype
     keys = gather_blocks(k_cache, group.blocks, dtype).transpose(1, 2)  # [count, kv_heads, L, head_size]

@@ -139,8 +139,9 @@ class LlamaModel:
         """The residual stream after the last layer, [T, hidden] in float32, before the final norm.
 
         The stream and the norms stay in float32 whatever the compute dtype: with
-        the GGUF's packed weights in bf16 that lifted top-1 agreement with the
-        float32 model from 95.8% to 98.1% (``benchmarks/quality.py``).
+        the GGUF's packed weights in bf16 that lifts top-1 agreement with the
+        float32 model to transformers bf16's (``benchmarks/quality.py``; figures
+        in ``benchmarks/README.md``).
         """
         config = self.config
         cos, sin = self.rope_tables(positions)

@@ -126,9 +126,9 @@ class PackedLinear(DenseLinear):
 
     torch's packed kernels cost about linearly in the rows (they do not reuse a
     widened weight across rows), while the dense bf16 matmul costs nearly the
-    same from 1 to 32 rows. On a 2-core AVX-512/AMX host the packed int4 and
-    int8 kernels were 2.5-3x faster than bf16 at 1 row, even at 8 and slower
-    from 16 (SmolLM2's shapes), so the crossover sits at 4-8 rows. The dense
+    same from 1 to 32 rows, so packed wins only for a few rows
+    (``benchmarks/linear.py``; the crossover measured on SmolLM2's shapes is
+    in ``benchmarks/README.md``). The dense
     copy holds the packed weights' own values, so a model computes the same
     function at every batch size.
     """

@@ -11,6 +11,8 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
 
+pytestmark = pytest.mark.model  # the embedded model, in the engine and in transformers
+
 transformers = pytest.importorskip("transformers")
 
 MODEL = resolve_model_path(None)

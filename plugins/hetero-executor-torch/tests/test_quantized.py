@@ -71,6 +71,7 @@ def smollm2_tensors():
     return {t.name: t for t in reader.tensors}
 
 
+@pytest.mark.model  # the embedded model's weights
 @pytest.mark.parametrize("name", ["blk.0.ffn_gate.weight", "blk.7.attn_output.weight", "blk.29.ffn_down.weight"])
 def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, name: str) -> None:
     """float32 activations: the packed kernel reproduces the dequantized fp32 matmul of the real file's weights."""

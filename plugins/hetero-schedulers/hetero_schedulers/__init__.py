@@ -1,5 +1,5 @@
-"""Scheduler policies for hetero-infer: ``fcfs`` and ``priority``."""
+"""Scheduler policies for hetero-infer: ``fcfs``, ``priority`` and ``lpm``."""
 
-from hetero_schedulers.policies import FcfsPolicy, PriorityPolicy
+from hetero_schedulers.policies import FcfsPolicy, LongestPrefixMatchPolicy, PriorityPolicy
 
-__all__ = ["FcfsPolicy", "PriorityPolicy"]
+__all__ = ["FcfsPolicy", "LongestPrefixMatchPolicy", "PriorityPolicy"]

@@ -12,6 +12,8 @@ import httpx
 import uvicorn
 
 from hetero_core.config import EngineConfig
+from hetero_core.metrics import EngineMetrics
+from hetero_core.sequence import FinishReason
 from hetero_core.server.app import create_app
 from hetero_core.server.backend import create_backend
 
@@ -31,6 +33,11 @@ def mock_config(**overrides: Any) -> EngineConfig:
     )
     values.update(overrides)
     return EngineConfig.from_mapping(values)
+
+
+def num_completed(metrics: EngineMetrics) -> int:
+    """Requests a replica finished normally (stop or length)."""
+    return metrics.requests_finished[FinishReason.STOP] + metrics.requests_finished[FinishReason.LENGTH]
 
 
 def free_port() -> int:

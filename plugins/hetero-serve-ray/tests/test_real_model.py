@@ -11,7 +11,9 @@ import ray
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
-from serve_ray_harness import ReplicatedServer
+from serve_ray_harness import ReplicatedServer, num_completed
+
+pytestmark = pytest.mark.model  # the embedded model, in two replicas
 
 MAX_TOKENS = 24
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,"]
@@ -58,5 +60,5 @@ def test_two_replicas_answer_like_one_engine(server: ReplicatedServer, single_en
         assert answer.choices[0].message.content == single_engine_answers[question]
         streamed = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == single_engine_answers[question]
-    served = [ray.get(r.actor.metrics.remote()).requests_completed for r in server.backend.replicas]
+    served = [num_completed(ray.get(r.actor.metrics.remote())) for r in server.backend.replicas]
     assert all(served) and sum(served) == 2 * (len(PROMPTS) + len(CHATS))  # both replicas answered

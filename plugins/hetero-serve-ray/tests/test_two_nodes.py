@@ -17,7 +17,7 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 from hetero_serve_ray import DataParallelEngine
-from serve_ray_harness import OBJECT_STORE_BYTES, ReplicatedServer, mock_config
+from serve_ray_harness import OBJECT_STORE_BYTES, ReplicatedServer, mock_config, num_completed
 
 ONE_CPU_EACH = {"num_cpus_per_replica": 1, "health_check_interval": 0.2}
 
@@ -47,7 +47,7 @@ def test_one_replica_per_node_behind_one_endpoint(cluster: Cluster) -> None:
         for number in range(4):
             body = {"prompt": f"{number} over two nodes", "max_tokens": 5, "temperature": 0}
             assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
-        served = [ray.get(r.actor.metrics.remote()).requests_completed for r in server.backend.replicas]
+        served = [num_completed(ray.get(r.actor.metrics.remote())) for r in server.backend.replicas]
         assert served == [2, 2]
 
 

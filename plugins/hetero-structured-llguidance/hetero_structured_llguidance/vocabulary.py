@@ -28,7 +28,7 @@ class _ByteVocabulary:
 
 
 def llguidance_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    """Build llguidance's view of ``tokenizer``'s vocabulary (about 0.2 s for 50k tokens: build it once).
+    """Build llguidance's view of ``tokenizer``'s vocabulary (it walks every token: build it once).
 
     Two kinds of tokenizer qualify: one built on the ``tokenizers`` library,
     exposing it as ``backend`` (the ``huggingface`` tokenizer), and one with a

@@ -16,6 +16,8 @@ from hetero_core.structured_output import StructuredOutput
 
 from .test_json_schemas import SCHEMAS
 
+pytestmark = pytest.mark.model  # the embedded model
+
 
 def closed(schema):
     """``schema`` with every object closed, every integer bounded and every number at most three decimals.

@@ -19,7 +19,7 @@ from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 from hetero_core.structured_output import StructuredOutput
 
-from .test_engine_faults import engine_with
+from ..test_engine_faults import engine_with
 
 SCHEMA = {
     "type": "object",

@@ -1,9 +1,11 @@
 """Random workloads through the real scheduler, the paged allocator and the mock executor.
 
 A hypothesis state machine submits, aborts and steps, and after every step
-checks the budgets, block accounting and the policy's admission order; at
-the end it drains the engine and checks that every request ended exactly
-once, with a truthful finish reason, and that no block leaked.
+checks the budgets, block accounting and the policy's admission order (for
+``lpm``: that no request is passed over by more than ``max_overtakes``
+later arrivals); at the end it drains the engine and checks that every
+request ended exactly once, with a truthful finish reason, and that no
+block leaked.
 """
 
 from __future__ import annotations
@@ -16,13 +18,17 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
 from hetero_core.scheduler import SchedulerOutput
 from hetero_core.sequence import FinishReason
+from hetero_core.sequence_view import SequenceView
 
-from .conftest import mock_config
+from .conftest import plugin_config
+
+
+LPM_MAX_OVERTAKES = 2
 
 
 class EngineWorkload(RuleBasedStateMachine):
     @initialize(
-        policy=st.sampled_from(["fcfs", "priority"]),
+        policy=st.sampled_from(["fcfs", "priority", {"name": "lpm", "max_overtakes": LPM_MAX_OVERTAKES}]),
         num_blocks=st.integers(6, 24),
         block_size=st.sampled_from([1, 2, 4]),
         max_batch_size=st.integers(1, 6),
@@ -36,7 +42,7 @@ class EngineWorkload(RuleBasedStateMachine):
         self, policy, num_blocks, block_size, max_batch_size, max_total_tokens, max_num_seqs, threshold, prefix_caching, eos
     ) -> None:
         self.engine = InferenceEngine(
-            mock_config(
+            plugin_config(
                 scheduler=policy,
                 max_num_blocks=num_blocks,
                 block_size=block_size,
@@ -49,7 +55,9 @@ class EngineWorkload(RuleBasedStateMachine):
                 executor={"name": "mock", "eos_probability": eos},
             )
         )
-        self.policy_key = self.engine.policy.key
+        key = getattr(self.engine.policy, "key", None)  # fcfs and priority: a total order
+        self.policy_key = None if key is None else (lambda seq: key(SequenceView(seq)))
+        self.overtaken_by: dict[str, set[str]] = {}  # waiting request -> later arrivals admitted before it
         self.plans: list[SchedulerOutput] = []
         schedule = self.engine.scheduler.schedule
 
@@ -77,8 +85,15 @@ class EngineWorkload(RuleBasedStateMachine):
         # before every never-admitted sequence that is still waiting.
         newly = [s for s in scheduler.running if s.seq_id in never_admitted_before]
         still_waiting = [s for s in scheduler.waiting if s.seq_id in never_admitted_before]
-        for admitted in newly:
-            assert all(self.policy_key(admitted) < self.policy_key(w) for w in still_waiting)
+        if self.policy_key is not None:
+            for admitted in newly:
+                assert all(self.policy_key(admitted) < self.policy_key(w) for w in still_waiting)
+            return
+        # lpm: any order, but a bounded number of later arrivals go first
+        for waiting in still_waiting:
+            passed = self.overtaken_by.setdefault(waiting.request.request_id, set())
+            passed.update(s.request.request_id for s in newly if s.request.arrival_index > waiting.request.arrival_index)
+            assert len(passed) <= LPM_MAX_OVERTAKES, f"{waiting.request.request_id} passed over by {sorted(passed)}"
 
     @rule(
         length=st.integers(1, 12),
@@ -159,7 +174,7 @@ TestEngineWorkload = EngineWorkload.TestCase
 
 
 def run_workload(num_blocks: int) -> tuple[dict[str, list[list[int]]], int]:
-    engine = InferenceEngine(mock_config(max_num_blocks=num_blocks, block_size=2, max_model_len=60, max_total_tokens=16))
+    engine = InferenceEngine(plugin_config(max_num_blocks=num_blocks, block_size=2, max_model_len=60, max_total_tokens=16))
     prompts = [[(i * 7 + j) % 250 for j in range(3 + (i * 5) % 17)] for i in range(24)]
     ids = {}
     for i, prompt in enumerate(prompts):

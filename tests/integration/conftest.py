@@ -1,0 +1,45 @@
+"""Integration tests: the core together with the installed plugins.
+
+Every test under this folder is marked ``integration`` (by the root
+``conftest.py``) and sees every installed ``hetero_infer`` entry point, as
+an application would. :func:`plugin_config` is the fast configuration for
+them: the ``simple`` tokenizer and the ``mock`` executor, with the
+project's ``fcfs`` scheduler policy and ``paged`` cache allocator.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from hetero_core.config import EngineConfig
+from hetero_core.engine import InferenceEngine
+
+
+@pytest.fixture(autouse=True, scope="module")
+def without_installed_plugins() -> Iterator[None]:
+    """Overrides the core tests' fixture of this name: here the installed plugins load."""
+    yield
+
+
+def plugin_config(**overrides: Any) -> EngineConfig:
+    values: dict[str, Any] = dict(
+        tokenizer="simple", executor="mock", scheduler="fcfs", cache_allocator="paged", block_size=4, max_num_blocks=64
+    )
+    values.update(overrides)
+    return EngineConfig.from_mapping(values)
+
+
+@pytest.fixture
+def make_engine():
+    engines: list[InferenceEngine] = []
+
+    def make(**overrides: Any) -> InferenceEngine:
+        engine = InferenceEngine(plugin_config(**overrides))
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
