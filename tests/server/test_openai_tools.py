@@ -11,6 +11,8 @@ import pydantic
 import pytest
 from langchain_openai import ChatOpenAI
 
+pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
+
 WEATHER = {
     "type": "function",
     "function": {

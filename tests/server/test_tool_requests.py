@@ -1,7 +1,9 @@
 """Tool-calling requests on the mock executor: what is refused, and the shape of forced calls, whole and streamed.
 
 The mock executor follows the grammar's bitmask, so forced calls are real
-(valid) calls here too; what they say does not matter to these tests.
+(valid) calls here too; what they say does not matter to these tests. Forced
+calls and tool schemas compile on the installed grammar engine, so these are
+integration tests.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import openai
 import pytest
 
 from hetero_core.tool_prompt import TOOL_CALL_OPEN
+
+pytestmark = pytest.mark.integration  # the llguidance plugin compiles the forced calls
 
 TIME = {
     "type": "function",
