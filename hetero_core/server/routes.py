@@ -21,6 +21,14 @@ from hetero_core.server.service import Service
 
 
 def add_routes(app: FastAPI, service: Service) -> None:
+    add_probe_routes(app, service)
+    add_model_routes(app, service)
+    add_token_routes(app, service)
+
+
+def add_probe_routes(app: FastAPI, service: Service) -> None:
+    """Liveness, readiness and Prometheus metrics."""
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -40,6 +48,10 @@ def add_routes(app: FastAPI, service: Service) -> None:
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+
+def add_model_routes(app: FastAPI, service: Service) -> None:
+    """OpenAI's model list and model card."""
+
     def model_card() -> dict[str, Any]:
         card: dict[str, Any] = {"id": service.model_name, "object": "model", "created": service.started, "owned_by": "hetero-infer"}
         if service.backend.max_model_len is not None:
@@ -56,25 +68,16 @@ def add_routes(app: FastAPI, service: Service) -> None:
             raise APIError(404, f"model {model_id!r} does not exist; this server serves {service.model_name!r}", param="model", code="model_not_found")
         return model_card()
 
+
+def add_token_routes(app: FastAPI, service: Service) -> None:
+    """Text or a chat to token ids, and token ids to text, with the served model's tokenizer."""
+
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         tokenizer = _tokenizer(service.ready_backend(body.model))
-        if body.messages is not None:
-            messages = [m.to_template() for m in body.messages]
-            tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
-
-            def encode() -> list[int]:
-                return tokenizer.encode(render_chat(tokenizer, messages, body, tools), add_special_tokens=False)
-
-        elif body.prompt is not None:
-            prompt = body.prompt
-
-            def encode() -> list[int]:
-                return tokenizer.encode(prompt, add_special_tokens=body.add_special_tokens)
-
-        else:
+        if body.messages is None and body.prompt is None:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
-        tokens = await asyncio.to_thread(encode)
+        tokens = await asyncio.to_thread(_encode, tokenizer, body)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": service.backend.max_model_len}
 
     @app.post("/detokenize")
@@ -85,6 +88,15 @@ def add_routes(app: FastAPI, service: Service) -> None:
             raise APIError(400, f"token ids must be in [0, {tokenizer.vocab_size}), got {bad[0]}", param="tokens")
         text = await asyncio.to_thread(tokenizer.decode, body.tokens, skip_special_tokens=False)
         return {"prompt": text}
+
+
+def _encode(tokenizer: Any, body: TokenizeRequest) -> list[int]:
+    """The body's prompt, or its messages rendered with the chat template, as token ids (on a worker thread)."""
+    if body.messages is None:
+        return tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    messages = [m.to_template() for m in body.messages]
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+    return tokenizer.encode(render_chat(tokenizer, messages, body, tools), add_special_tokens=False)
 
 
 def _tokenizer(backend: Any) -> Any:
