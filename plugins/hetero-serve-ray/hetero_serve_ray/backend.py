@@ -18,6 +18,7 @@ engine reports ready again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -43,6 +44,7 @@ from hetero_serve_ray.routing import ReplicaLoad, make_policy
 log = structlog.get_logger()
 
 DRAIN_POLL = 0.05  # seconds between checks that requests in flight have finished
+TASKS_END_TIMEOUT = 10.0  # seconds the backend's own tasks get to end at shutdown
 
 
 @attrs.define(eq=False)
@@ -160,9 +162,20 @@ class RayBackend:
         while self._flights and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL)
         if self._loop is not None and not self._loop.is_closed():
-            for task in list(self._tasks):
-                self._loop.call_soon_threadsafe(task.cancel)
+            # the health checks and streams must be over before the actors go: Ray aborts the process
+            # when its core worker is torn down under a call still in flight
+            ended = asyncio.run_coroutine_threadsafe(self._end_tasks(), self._loop)
+            try:
+                ended.result(timeout=TASKS_END_TIMEOUT)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                log.warning("ray backend tasks still running at shutdown", num_tasks=len(self._tasks))
         self.fleet.shutdown()
+
+    async def _end_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # ------------------------------------------------------------------ requests
 
