@@ -55,7 +55,7 @@ def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: boo
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown when there is no GPU")
 def test_without_a_gpu_the_error_says_what_to_do(tiny_model) -> None:
-    from hetero_executor_numba import NumbaCudaExecutor
+    from hetero_executor_numba import numba_cuda_executor
 
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        NumbaCudaExecutor(EngineConfig(model=str(tiny_model)))
+        numba_cuda_executor(EngineConfig(model=str(tiny_model)))
