@@ -132,7 +132,7 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
         "engine_ms_per_step": (step_seconds - execute_seconds[0]) / max(1, len(recorder.steps)) * 1e3,
         "steps": len(recorder.steps), "load_seconds": load_seconds,
         "weights_mb": weight_bytes(model) / 2**20, "bandwidth_gbs": memory_bandwidth_gbs(),
-        "config": f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention_backend}",
+        "config": f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention.name}",
     }
 
 

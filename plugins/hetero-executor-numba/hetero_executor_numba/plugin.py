@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from hetero_core.hookspecs import Register, hookimpl
-from hetero_executor_numba.executor import NumbaCudaExecutor
+from hetero_executor_numba.executor import numba_cuda_executor
 from hetero_executor_torch.plugin import TorchExecutorOptions
 
 # The torch executor's options but ``attention`` (always the Numba CUDA kernels here) and ``weights``
@@ -23,4 +23,4 @@ NumbaCudaExecutorOptions = attrs.make_class(
 
 @hookimpl
 def register_executors(register: Register) -> None:
-    register("numba-cuda", NumbaCudaExecutor, options=NumbaCudaExecutorOptions)
+    register("numba-cuda", numba_cuda_executor, options=NumbaCudaExecutorOptions)

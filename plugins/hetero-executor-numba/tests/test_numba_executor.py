@@ -55,7 +55,25 @@ def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: boo
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown when there is no GPU")
 def test_without_a_gpu_the_error_says_what_to_do(tiny_model) -> None:
-    from hetero_executor_numba import NumbaCudaExecutor
+    from hetero_executor_numba import numba_cuda_executor
 
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        NumbaCudaExecutor(EngineConfig(model=str(tiny_model)))
+        numba_cuda_executor(EngineConfig(model=str(tiny_model)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error shown when there is no GPU")
+def test_the_torch_executor_finds_the_backend_by_name_and_refuses_it_without_a_gpu(tiny_model) -> None:
+    from hetero_executor_torch import TorchExecutor
+
+    with pytest.raises(ConfigError, match="'numba-cuda' runs the Numba CUDA kernels") as raised:
+        TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", attention="numba-cuda")
+    assert raised.value.param == "attention"
+
+
+def test_a_bfloat16_cache_is_refused_on_cuda() -> None:
+    from hetero_executor_numba import NumbaCudaAttention
+
+    with pytest.raises(ConfigError, match="not bfloat16") as raised:
+        NumbaCudaAttention().configure(torch.device("cuda"), torch.bfloat16)
+    assert raised.value.param == "kv_cache_dtype"
+    assert NumbaCudaAttention().configure(torch.device("cuda"), torch.float16) == torch.float16

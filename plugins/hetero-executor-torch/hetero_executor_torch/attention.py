@@ -14,6 +14,10 @@ import attrs
 import torch
 import torch.nn.functional as F
 
+from hetero_core.step_layout import StepLayout
+
+MIN_DECODES_TO_SPLIT = 8  # below this, one attention call costs less than two
+
 
 @attrs.define
 class PrefillSpan:
@@ -121,3 +125,61 @@ def prefill_attention(out, query, key, value, k_cache, v_cache, inputs: Attentio
             values = gather_blocks(v_cache, span.blocks[None], query.dtype)[:, : span.context_len].transpose(1, 2)
             attended = F.scaled_dot_product_attention(q, keys, values, attn_mask=span.mask, scale=scale, enable_gqa=gqa)
         out[rows] = attended.squeeze(0).transpose(0, 1)
+
+
+def decode_groups(step: StepLayout, device: torch.device) -> list[DecodeGroup]:
+    """Split the length-sorted decodes in two when there are enough: padding each half only to its own
+    longest context costs less attention than padding all of them to the longest."""
+    n = step.num_decodes
+    halves = [(0, n)] if n < MIN_DECODES_TO_SPLIT else [(0, n // 2), (n // 2, n)]
+    groups = []
+    for start, stop in halves:
+        if start == stop:
+            continue
+        table = torch.from_numpy(step.block_tables(start, stop))
+        lengths = torch.from_numpy(step.context_lens[start:stop])
+        mask = (torch.arange(table.shape[1] * step.block_size)[None, :] < lengths[:, None])[:, None, None, :]
+        groups.append(DecodeGroup(start, stop - start, table.to(device), mask.to(device)))
+    return groups
+
+
+def prefill_spans(step: StepLayout, device: torch.device) -> list[PrefillSpan]:
+    spans = []
+    for i in range(step.num_decodes, len(step.sequences)):
+        cached = step.sequences[i].start_position
+        start, length, context = int(step.query_start[i]), len(step.sequences[i].token_ids), int(step.context_lens[i])
+        if cached == 0:
+            spans.append(PrefillSpan(start, length, context, None, None))
+        else:
+            table = torch.from_numpy(step.block_tables(i, i + 1)[0]).to(device)
+            causal = torch.arange(context)[None, :] <= (cached + torch.arange(length))[:, None]
+            spans.append(PrefillSpan(start, length, context, table, causal.to(device)))
+    return spans
+
+
+def torch_inputs(step: StepLayout, slot_mapping: torch.Tensor) -> AttentionInputs:
+    """The plain path's inputs: masks and block tables per decode group and per prefill chunk."""
+    device = slot_mapping.device
+    return AttentionInputs(slot_mapping, step.num_decodes, decode_groups(step, device), prefill_spans(step, device))
+
+
+class TorchAttention:
+    """The ``torch`` attention backend: gather the blocks, then scaled-dot-product attention. Any device, any cache dtype."""
+
+    name = "torch"
+    supports_graphs = True
+
+    def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
+        return kv_cache_dtype
+
+    def inputs(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionInputs:
+        return torch_inputs(step, slot_mapping)
+
+    def graph_inputs(self, slot_mapping, block_tables, context_lens, block_size: int) -> AttentionInputs:
+        rows, width = block_tables.shape
+        span = torch.arange(width * block_size, device=block_tables.device)[None, :]
+        mask = (span < context_lens[:, None])[:, None, None, :]
+        return AttentionInputs(slot_mapping, rows, [DecodeGroup(0, rows, block_tables, mask)], [])
+
+    def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
+        return paged_attention(query, key, value, k_cache, v_cache, inputs, scale)

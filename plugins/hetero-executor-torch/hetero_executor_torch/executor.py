@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -16,9 +16,9 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
 from hetero_core.step_layout import StepLayout, layout
-from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, PrefillSpan, paged_attention
+from hetero_executor_torch import attention_backend
+from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCapture, DecodeGraphs, GraphCaptureError
-from hetero_executor_torch.kernel_attention import kernel_attention, kernel_inputs
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.prompt_scoring import score_prompts
@@ -26,8 +26,6 @@ from hetero_executor_torch.quantized import WEIGHT_FORMATS
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
 log = get_logger(__name__)
-
-MIN_DECODES_TO_SPLIT = 8  # below this, one attention call costs less than two
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -83,10 +81,13 @@ class TorchExecutor:
     :param kv_cache_dtype: ``auto`` (the model's dtype) or one of the dtypes.
     :param device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     :param num_threads: torch CPU threads (default: torch's choice).
-    :param attention: ``torch`` (gather blocks, then scaled-dot-product
-        attention) or, on the CPU, ``numba`` (decodes run the Numba CPU
-        kernel, which reads the paged cache in place; prefill chunks take the
-        torch path; the KV cache is then float32).
+    :param attention: the attention backend (see
+        :mod:`hetero_executor_torch.attention_backend`): ``torch`` (gather
+        blocks, then scaled-dot-product attention), on the CPU ``numba``
+        (decodes run the Numba CPU kernel, which reads the paged cache in
+        place; prefill chunks take the torch path; the KV cache is then
+        float32), a name registered in the ``hetero_infer.attention`` entry
+        points, or an :class:`AttentionBackend` object.
     :param weights: how linear weights are held: ``dense`` (the compute
         dtype; the default, fastest end to end on the development machine),
         ``auto`` (on the CPU in bf16, a GGUF's Q4_0/Q4_1 linears stay packed
@@ -99,8 +100,6 @@ class TorchExecutor:
         checked eager stand-in: no faster, but it exercises the same buffers.
     """
 
-    ATTENTION_BACKENDS = ("torch", "numba")
-
     def __init__(
         self,
         config: Any,
@@ -108,29 +107,25 @@ class TorchExecutor:
         kv_cache_dtype: str = "auto",
         device: str = "auto",
         num_threads: int | None = None,
-        attention: str = "torch",
+        attention: str | AttentionBackend = "torch",
         decode_graphs: bool | str = "auto",
         weights: str = "dense",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        if attention not in self.ATTENTION_BACKENDS:
-            raise ConfigError(f"executor option attention must be one of {', '.join(self.ATTENTION_BACKENDS)}; got {attention!r}", param="attention")
         if decode_graphs not in (True, False, "auto"):
             raise ConfigError(f"executor option decode_graphs must be true, false or 'auto'; got {decode_graphs!r}", param="decode_graphs")
-        self.device = self._device(device)
-        self.uses_graphs = self.device.type == "cuda" if decode_graphs == "auto" else decode_graphs
+        self.attention = attention_backend.resolve(attention)
+        self.device = resolve_device(device)
+        self.uses_graphs = self._uses_graphs(decode_graphs)
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
-        self.attention_backend = attention
-        attend = self._attention_function()
-        if attend is not paged_attention and self.device.type == "cpu":
-            self.kv_cache_dtype = torch.float32  # the Numba CPU kernels compute in float32/float64
+        self.kv_cache_dtype = self.attention.configure(self.device, self.kv_cache_dtype)
         self.weight_format = resolve_weight_format(weights, self.device, self.dtype)
         path = resolve_model_path(config.model)
         model_config, tensors = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, attend, self.weight_format)
+            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, self.attention.attend, self.weight_format)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)
@@ -140,17 +135,12 @@ class TorchExecutor:
         self.graphs: DecodeGraphs | None = None
         log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device), weights=self.weight_format)
 
-    def _device(self, device: str) -> torch.device:
-        return resolve_device(device)
-
-    def _attention_function(self) -> Callable[..., torch.Tensor]:
-        if self.attention_backend == "numba":
-            if self.device.type != "cpu":
-                raise ConfigError(f"attention 'numba' runs the Numba CPU kernels, not on {self.device}; on CUDA use executor 'numba-cuda'", param="attention")
-            from hetero_kernels import cpu
-
-            return kernel_attention(cpu, torch_prefill=True)
-        return paged_attention
+    def _uses_graphs(self, decode_graphs: bool | str) -> bool:
+        if self.attention.supports_graphs:
+            return self.device.type == "cuda" if decode_graphs == "auto" else bool(decode_graphs)
+        if decode_graphs is True:
+            raise ConfigError(f"attention backend {self.attention.name!r} does not support decode graphs; set decode_graphs to false or auto", param="decode_graphs")
+        return False
 
     @property
     def model_info(self) -> ModelInfo:
@@ -174,6 +164,7 @@ class TorchExecutor:
             engine = self.engine_config
             self.graphs = DecodeGraphs(
                 self.model,
+                self.attention,
                 self.kv_caches,
                 block_size,
                 scratch_block=num_blocks,
@@ -255,41 +246,9 @@ class TorchExecutor:
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
 
-    def _decode_groups(self, step: StepLayout) -> list[DecodeGroup]:
-        """Split the length-sorted decodes in two when there are enough: padding each half only to its own
-        longest context costs less attention than padding all of them to the longest."""
-        n = step.num_decodes
-        halves = [(0, n)] if n < MIN_DECODES_TO_SPLIT else [(0, n // 2), (n // 2, n)]
-        groups = []
-        for start, stop in halves:
-            if start == stop:
-                continue
-            table = torch.from_numpy(step.block_tables(start, stop))
-            lengths = torch.from_numpy(step.context_lens[start:stop])
-            mask = (torch.arange(table.shape[1] * step.block_size)[None, :] < lengths[:, None])[:, None, None, :]
-            groups.append(DecodeGroup(start, stop - start, table.to(self.device), mask.to(self.device)))
-        return groups
-
-    def _prefill_spans(self, step: StepLayout) -> list[PrefillSpan]:
-        spans = []
-        for i in range(step.num_decodes, len(step.sequences)):
-            cached = step.sequences[i].start_position
-            start, length, context = int(step.query_start[i]), len(step.sequences[i].token_ids), int(step.context_lens[i])
-            if cached == 0:
-                spans.append(PrefillSpan(start, length, context, None, None))
-            else:
-                table = torch.from_numpy(step.block_tables(i, i + 1)[0]).to(self.device)
-                causal = torch.arange(context)[None, :] <= (cached + torch.arange(length))[:, None]
-                spans.append(PrefillSpan(start, length, context, table, causal.to(self.device)))
-        return spans
-
     def _prepare(self, step: StepLayout):
         device = self.device
-        attention = AttentionInputs(
-            torch.from_numpy(step.slot_mapping).to(device), step.num_decodes, self._decode_groups(step), self._prefill_spans(step)
-        )
-        if self.model.attention is not paged_attention:
-            attention.kernel = kernel_inputs(step, device)
+        attention = self.attention.inputs(step, torch.from_numpy(step.slot_mapping).to(device))
         return (
             torch.from_numpy(step.input_ids).to(device),
             torch.from_numpy(step.positions).to(device),

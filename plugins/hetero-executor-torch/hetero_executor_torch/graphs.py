@@ -43,7 +43,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from hetero_core.step_layout import StepLayout
-from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, KernelInputs, paged_attention
+from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.model import LlamaModel
 
 log = structlog.get_logger()
@@ -149,6 +149,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: LlamaModel,
+        attention: AttentionBackend,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
         scratch_block: int,
@@ -157,6 +158,7 @@ class DecodeGraphs:
         capture: Capture,
     ) -> None:
         self.model = model
+        self.attention = attention
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.scratch_block = scratch_block
@@ -225,22 +227,15 @@ class DecodeGraphs:
         return self.block_tables[: rows * width].view(rows, width)
 
     def _step(self, rows: int, width: int) -> Callable[[], None]:
-        """The step a graph records: every tensor it touches is a view of a static buffer or the cache."""
+        """The step a graph records: every tensor it touches is a view of a static buffer or the cache, or is
+        made from them inside the step by the attention backend's ``graph_inputs``."""
         model, kv_caches = self.model, self.kv_caches
         input_ids, positions, slot_mapping = self.input_ids[:rows], self.positions[:rows], self.slot_mapping[:rows]
         tables, context_lens, hidden = self._tables(rows, width), self.context_lens[:rows], self.hidden[:rows]
-        uses_masks = model.attention is paged_attention
-        no_tables = torch.zeros(0, 1, dtype=torch.int32, device=model.device)
-        no_lens = torch.zeros(0, dtype=torch.int32, device=model.device)
-        kernel = None if uses_masks else KernelInputs(tables, context_lens, no_tables, torch.zeros(1, dtype=torch.int32, device=model.device), no_lens)
-        span = torch.arange(width * self.block_size, device=model.device)[None, :]
+        backend, block_size = self.attention, self.block_size
 
         def step() -> None:
-            groups = []
-            if uses_masks:
-                mask = (span < context_lens[:, None])[:, None, None, :]
-                groups = [DecodeGroup(0, rows, tables, mask)]
-            attention = AttentionInputs(slot_mapping, rows, groups, [], kernel)
+            attention = backend.graph_inputs(slot_mapping, tables, context_lens, block_size)
             hidden.copy_(model.rms_norm(model.hidden_states(input_ids, positions, attention, kv_caches), model.norm))
 
         return step

@@ -1,4 +1,4 @@
-"""Attention served by the ``hetero_kernels`` paged-attention kernels instead of torch ops.
+"""Attention backends served by the ``hetero_kernels`` paged-attention kernels instead of torch ops.
 
 The kernels read keys and values straight from the paged cache through the
 block tables (no gather). On the CPU they are the Numba CPU kernels over
@@ -8,38 +8,69 @@ take the torch tensors themselves and run on torch's stream.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
+from hetero_core.errors import ConfigError
 from hetero_core.step_layout import StepLayout
-from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefill_attention
-
-AttentionFunction = Callable[..., torch.Tensor]
+from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefill_attention, prefill_spans
 
 
 def _view(tensor: torch.Tensor) -> Any:
     return tensor.numpy() if tensor.device.type == "cpu" else tensor
 
 
-def kernel_attention(kernels: Any, *, torch_prefill: bool = False) -> AttentionFunction:
-    """An attention function with :func:`paged_attention`'s signature, running ``kernels``.
+class KernelAttention:
+    """An attention backend running ``kernels`` (a module with ``paged_decode_attention`` and
+    ``paged_prefill_attention``, as ``hetero_kernels.cpu`` and ``hetero_kernels.cuda``).
 
     With ``torch_prefill``, prefill chunks take the torch path and only decodes
     run the kernel (the CPU kernel is a scalar loop: fast for one query token,
-    slow for a long chunk).
+    slow for a long chunk). Subclasses name the backend and check where it runs
+    in :meth:`configure`.
     """
 
-    def attend(query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
-        meta = inputs.kernel
+    name = "kernels"
+    supports_graphs = True
+
+    def __init__(self, kernels: Any, *, torch_prefill: bool = False) -> None:
+        self.kernels = kernels
+        self.torch_prefill = torch_prefill
+
+    def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
+        return kv_cache_dtype
+
+    def inputs(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionInputs:
+        device = slot_mapping.device
+        if self.torch_prefill:
+            inputs = AttentionInputs(slot_mapping, step.num_decodes, [], prefill_spans(step, device))
+        else:
+            inputs = AttentionInputs(slot_mapping, step.num_decodes, [], [])
+        inputs.kernel = kernel_inputs(step, device)
+        return inputs
+
+    def graph_inputs(self, slot_mapping, block_tables, context_lens, block_size: int) -> AttentionInputs:
+        device, rows = block_tables.device, block_tables.shape[0]
+        no_prefills = KernelInputs(
+            block_tables,
+            context_lens,
+            torch.zeros(0, 1, dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device),
+            torch.zeros(0, dtype=torch.int32, device=device),
+        )
+        return AttentionInputs(slot_mapping, rows, [], [], no_prefills)
+
+    def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
+        kernels, meta = self.kernels, inputs.kernel
         q = query.float().contiguous()
         out = torch.empty_like(q)
         n = inputs.num_decodes
         caches = (_view(k_cache), _view(v_cache))
         if n:
             kernels.paged_decode_attention(_view(out[:n]), _view(q[:n]), *caches, _view(meta.decode_tables), _view(meta.decode_lens), scale)
-        if q.shape[0] > n and torch_prefill:
+        if q.shape[0] > n and self.torch_prefill:
             prefill_attention(out, q, key.float(), value.float(), k_cache, v_cache, inputs, scale)
         elif q.shape[0] > n:
             kernels.paged_prefill_attention(
@@ -53,7 +84,22 @@ def kernel_attention(kernels: Any, *, torch_prefill: bool = False) -> AttentionF
             )
         return out.to(query.dtype)
 
-    return attend
+
+class NumbaCpuAttention(KernelAttention):
+    """The ``numba`` backend: decodes run the Numba CPU kernel, reading the paged cache in place; prefill
+    chunks take the torch path. CPU only; the cache is float32 (the kernels compute in float32/float64)."""
+
+    name = "numba"
+
+    def __init__(self) -> None:
+        from hetero_kernels import cpu
+
+        super().__init__(cpu, torch_prefill=True)
+
+    def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
+        if device.type != "cpu":
+            raise ConfigError(f"attention 'numba' runs the Numba CPU kernels, not on {device}; on CUDA use executor 'numba-cuda'", param="attention")
+        return torch.float32
 
 
 def kernel_inputs(step: StepLayout, device: torch.device) -> KernelInputs:

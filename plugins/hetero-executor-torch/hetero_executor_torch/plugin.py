@@ -9,6 +9,7 @@ import attrs
 from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
 from hetero_core.validators import number_in, one_of, optional
+from hetero_executor_torch.attention_backend import AttentionBackend, available
 from hetero_executor_torch.executor import TorchExecutor
 from hetero_executor_torch.quantized import WEIGHT_FORMATS
 
@@ -25,6 +26,12 @@ def _decode_graphs(_instance: Any, attribute: Any, value: Any) -> None:
         raise ConfigError(f"{attribute.name} must be true, false or 'auto', got {value!r}", param=attribute.name)
 
 
+def _attention(_instance: Any, attribute: Any, value: Any) -> None:
+    """A backend name (resolved, with the names on offer, when the executor is built) or, from Python, a backend."""
+    if not (isinstance(value, str) and value or isinstance(value, AttentionBackend)):
+        raise ConfigError(f"{attribute.name} must be an attention backend name ({', '.join(sorted(available()))}), got {value!r}", param=attribute.name)
+
+
 @attrs.frozen
 class TorchExecutorOptions:
     """The ``torch`` executor's options (see :class:`TorchExecutor` for what each does)."""
@@ -33,7 +40,7 @@ class TorchExecutorOptions:
     kv_cache_dtype: str = attrs.field(default="auto", validator=one_of(DTYPE_CHOICES, error=ConfigError))
     device: str = attrs.field(default="auto", validator=_device)
     num_threads: int | None = attrs.field(default=None, validator=optional(number_in(1, 4096, integer=True, error=ConfigError)))
-    attention: str = attrs.field(default="torch", validator=one_of(TorchExecutor.ATTENTION_BACKENDS, error=ConfigError))
+    attention: str | AttentionBackend = attrs.field(default="torch", validator=_attention)
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
     weights: str = attrs.field(default="dense", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
 
