@@ -119,3 +119,34 @@ def test_langchain_bind_tools_and_structured_output_by_function_calling(model_se
     streamed = sum(chunks[1:], chunks[0])
     assert [c["name"] for c in streamed.tool_calls] == ["GetWeather"] and set(streamed.tool_calls[0]["args"]) == {"city"}
     assert isinstance(llm.with_structured_output(GetWeather, method="function_calling").invoke("Weather in Oslo?"), GetWeather)
+
+
+def test_langchain_structured_output_by_json_schema(model_server) -> None:
+    llm = ChatOpenAI(base_url=f"{model_server.url}/v1", api_key="unused", model="smollm2", temperature=0, max_tokens=40, max_retries=0)
+    answer = llm.with_structured_output(GetWeather, method="json_schema", strict=True).invoke("Weather in Oslo?")
+    assert isinstance(answer, GetWeather) and 0 < len(answer.city) <= 24
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_answers_in_text_or_in_valid_calls_and_never_leaks_the_tags(client, stream) -> None:
+    """Under ``auto`` the model chooses; whichever it chose, the client gets content or well-formed calls, never the convention's tags."""
+    messages = [{"role": "system", "content": "Call get_weather to answer questions about the weather."}, *QUESTION]
+    request = dict(model="smollm2", messages=messages, tools=[WEATHER, TIME], tool_choice="auto", max_tokens=64, temperature=0)
+    if stream:
+        chunks = list(client.chat.completions.create(**request, stream=True))
+        content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+        calls: dict[int, list] = {}
+        for part in (p for chunk in chunks for p in chunk.choices[0].delta.tool_calls or ()):
+            calls.setdefault(part.index, []).append(part)
+        called = [(parts[0].function.name, "".join(p.function.arguments or "" for p in parts)) for parts in calls.values()]
+        finish_reason = chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.chat.completions.create(**request).choices[0]
+        content = choice.message.content or ""
+        called = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or ()]
+        finish_reason = choice.finish_reason
+    assert "<tool_call>" not in content and "</tool_call>" not in content
+    for name, arguments in called:
+        assert name in SCHEMAS
+        json.loads(arguments)  # a parsed call carries JSON arguments
+    assert finish_reason in (("tool_calls", "length") if called else ("stop", "length"))
