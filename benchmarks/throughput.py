@@ -9,7 +9,11 @@ at a time: batch-1 decode and time to first token) and ``mixed`` (256
 requests, prompts 16..512, outputs 16..256, all at once). EOS is ignored.
 
 Peers (``--peers``, or ``--compare-hf`` for all of them): ``hetero`` (the
-engine as configured by --dtype/--weights/--attention), ``hetero-dense``
+engine as configured by --dtype/--weights/--attention), ``hetero-json``
+(the same, every request constrained to the JSON schema ``RECORDS``, whose
+shortest valid answer is longer than any output here, so every request still
+generates its full count; it also reports the schema's cold and cached
+compile times), ``hetero-dense``
 (bf16 dense weights), ``hetero-fp32``, ``transformers-bf16``,
 ``transformers-fp32`` (batched ``generate``, left padding, padded batches of
 32 in submission order, each until its longest output) and ``llama-cpp``
@@ -32,9 +36,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from workload import WORKLOADS, Request, percentile, workload  # noqa: E402
 
-HETERO_PEERS = {"hetero": {}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"}, "hetero-fp32": {"dtype": "float32", "weights": "dense"}}
+HETERO_PEERS = {"hetero": {}, "hetero-json": {}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"}, "hetero-fp32": {"dtype": "float32", "weights": "dense"}}
 PEERS = (*HETERO_PEERS, "transformers-bf16", "transformers-fp32", "llama-cpp")
 MARK = "RESULT "
+CONSTRAINED = {"hetero-json"}
+RECORDS = {  # an array of at least 50 small records: structure, integers, bounded strings and booleans
+    "type": "array",
+    "minItems": 50,
+    "items": {
+        "type": "object",
+        "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
+        "required": ["id", "name", "ok"],
+        "additionalProperties": False,
+    },
+}
 
 
 def peak_rss_mb() -> float:
@@ -65,10 +80,23 @@ def weight_bytes(model) -> int:
     return sum(t.nbytes for tensors in held for t in tensors if isinstance(t, torch.Tensor))
 
 
-def run_hetero(options: dict, requests: list[Request], sequential: bool, args: argparse.Namespace) -> dict:
+def compile_times_ms(engine) -> dict:
+    """The grammar engine's compile time for a schema it has not seen, and for the same schema again."""
+    from hetero_core.structured_output import StructuredOutput
+
+    times = {}
+    for key in ("compile_cold_ms", "compile_cached_ms"):
+        started = time.monotonic()
+        engine.grammars.compile(StructuredOutput.json_schema({**RECORDS, "maxItems": 1000}))
+        times[key] = (time.monotonic() - started) * 1e3
+    return times
+
+
+def run_hetero(options: dict, requests: list[Request], sequential: bool, args: argparse.Namespace, *, constrained: bool = False) -> dict:
     from hetero_core import EngineConfig, GenerationParams, hookimpl
     from hetero_core.engine import InferenceEngine
     from hetero_core.plugins import create_plugin_manager
+    from hetero_core.structured_output import StructuredOutput
 
     class StepRecorder:
         def __init__(self) -> None:
@@ -103,14 +131,15 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
             execute_seconds[0] += time.monotonic() - started
 
     engine.executor.execute = timed_execute
-    warm = GenerationParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    constraint = StructuredOutput.json_schema(RECORDS) if constrained else None
+    warm = GenerationParams(temperature=0.0, max_tokens=2, ignore_eos=True, structured_output=constraint)
     engine.generate([r.prompt for r in requests[: args.max_num_seqs]], warm)  # a first pass at full size
     engine.allocator.reset_prefix_cache()
     recorder.steps.clear()
     execute_seconds[0] = 0.0
 
     def params(request: Request) -> GenerationParams:
-        return GenerationParams(temperature=0.0, max_tokens=request.new_tokens, ignore_eos=True)
+        return GenerationParams(temperature=0.0, max_tokens=request.new_tokens, ignore_eos=True, structured_output=constraint)
 
     started = time.monotonic()
     if sequential:
@@ -126,6 +155,7 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
     decode = [s for s in recorder.steps if not s.num_prefill_tokens and s.num_decode_tokens]
     step_seconds = sum(s.duration for s in recorder.steps)
     return {
+        **(compile_times_ms(engine) if constrained else {}),
         "elapsed": elapsed, "output_tokens": sum(r.new_tokens for r in requests),
         "ttfts": [r.time_to_first_token for r in records],
         "decode_tokens": sum(s.num_decode_tokens for s in decode), "decode_seconds": sum(s.duration for s in decode),
@@ -148,7 +178,7 @@ def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
     requests = workload(name, args.num_requests)
     sequential = name == "sequential"
     if peer in HETERO_PEERS:
-        result = run_hetero(HETERO_PEERS[peer], requests, sequential, args)
+        result = run_hetero(HETERO_PEERS[peer], requests, sequential, args, constrained=peer in CONSTRAINED)
     else:
         import peers
 
@@ -183,6 +213,8 @@ def describe(peer: str, r: dict) -> str:
     if "ttft_longest" in r:
         line += f", 256-token prompt {r['ttft_longest'] * 1e3:4.0f} ms"
     line += f", peak RSS {r['peak_rss_mb']:5.0f} MiB"
+    if "compile_cold_ms" in r:
+        line += f", schema compile {r['compile_cold_ms']:.1f} ms cold / {r['compile_cached_ms']:.3f} ms cached"
     if "engine_ms_per_step" in r:
         line += (
             f"\n  {'':18s} [{r['config']}; engine loop {r['engine_ms_per_step']:.2f} ms/step over {r['steps']} steps; load {r['load_seconds']:.1f} s; "
@@ -202,7 +234,8 @@ def ratios(results: dict[str, list[dict]]) -> None:
     for peer in results:
         if peer not in HETERO_PEERS:
             continue
-        for other in ("transformers-bf16", "transformers-fp32", "llama-cpp"):
+        unconstrained = ("hetero",) if peer in CONSTRAINED else ()
+        for other in (*unconstrained, "transformers-bf16", "transformers-fp32", "llama-cpp"):
             if other not in results:
                 continue
             parts = [f"end-to-end {best(peer, end_to_end) / best(other, end_to_end):.2f}x", f"decode {best(peer, decode) / best(other, decode):.2f}x"]
