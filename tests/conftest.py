@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -89,15 +89,20 @@ def mock_config(**overrides: Any) -> EngineConfig:
     return EngineConfig.from_mapping(values)
 
 
-@pytest.fixture
-def make_engine():
+def engine_maker(config_for: Callable[..., EngineConfig]) -> Iterator[Callable[..., InferenceEngine]]:
+    """A fixture's body: ``make(**overrides)`` builds an engine on ``config_for(**overrides)``; each is closed after the test."""
     engines: list[InferenceEngine] = []
 
     def make(**overrides: Any) -> InferenceEngine:
-        engine = InferenceEngine(mock_config(**overrides))
+        engine = InferenceEngine(config_for(**overrides))
         engines.append(engine)
         return engine
 
     yield make
     for engine in engines:
         engine.close()
+
+
+@pytest.fixture
+def make_engine():
+    yield from engine_maker(mock_config)

@@ -14,7 +14,8 @@ from typing import Any, Iterator
 import pytest
 
 from hetero_core.config import EngineConfig
-from hetero_core.engine import InferenceEngine
+
+from ..conftest import engine_maker
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -33,13 +34,4 @@ def plugin_config(**overrides: Any) -> EngineConfig:
 
 @pytest.fixture
 def make_engine():
-    engines: list[InferenceEngine] = []
-
-    def make(**overrides: Any) -> InferenceEngine:
-        engine = InferenceEngine(plugin_config(**overrides))
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.close()
+    yield from engine_maker(plugin_config)
