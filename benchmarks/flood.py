@@ -23,6 +23,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).parent))
+from server_process import free_port, wait_ready  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -31,9 +34,7 @@ def main() -> None:
     args = parser.parse_args()
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this client needs one descriptor per connection
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = Path(tempfile.mkdtemp()) / "config.json"
     config.write_text(json.dumps({"tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "server": {"port": port}}))
     limit = args.file_limit
@@ -47,12 +48,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     flood: list[socket.socket] = []
     try:
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_ready(server, url, timeout=120)
         started = time.monotonic()
         for _ in range(args.connections):
             try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+from server_process import free_port, wait_ready  # noqa: E402
 
 WORDS = "the quick brown fox jumps over the lazy dog "
 BIG_TEXT = WORDS * (3_600_000 // len(WORDS))  # 3.6 MB
@@ -34,9 +36,7 @@ CASES = [
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     config = {
         "tokenizer": "huggingface",
         "executor": {"name": "mock", "vocab_size": 49152},
@@ -48,16 +48,8 @@ def start_server() -> tuple[subprocess.Popen, str]:
     command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(path)]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise SystemExit("the server did not start")
+    wait_ready(process, url, timeout=300)
+    return process, url
 
 
 def measure(url: str, label: str, path: str, body: dict) -> None:

@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
+from server_process import free_port, wait_ready  # noqa: E402
 from workload import percentile, standard_prompts  # noqa: E402
 
 
@@ -111,9 +111,7 @@ def report(results: list[dict], elapsed: float) -> float:
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--port", str(port), "-o", f"executor.dtype={args.dtype}"]
     command += ["--max-num-seqs", str(args.num_requests), "--max-batch-size", str(args.num_requests), "--max-model-len", "1024"]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
@@ -127,16 +125,8 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the local Ray cluster stays on 127.0.0.1
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz").status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    server.kill()
-    raise SystemExit("the server did not become ready")
+    wait_ready(server, url, timeout=180, poll=0.5)
+    return server, url
 
 
 def offline_throughput(args: argparse.Namespace, prompts: list[list[int]]) -> float:
