@@ -19,13 +19,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hetero_core.server.errors import APIError
+from hetero_core.server.fields import STRICT
 from hetero_core.structured_output import StructuredOutput
 
-FORBID = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, populate_by_name=True)
+STRICT_BY_NAME = ConfigDict(**STRICT, populate_by_name=True)
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = FORBID
+    model_config = STRICT_BY_NAME
 
     name: str | None = None
     description: str | None = None
@@ -34,7 +35,7 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = FORBID
+    model_config = STRICT_BY_NAME
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -50,7 +51,7 @@ class ResponseFormat(BaseModel):
 
 
 class StructuredOutputs(BaseModel):
-    model_config = FORBID
+    model_config = STRICT_BY_NAME
 
     json_: dict[str, Any] | str | None = Field(default=None, alias="json")
     json_object: bool | None = None

@@ -14,27 +14,16 @@ import functools
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, WrapValidator, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
 from hetero_core.params import GenerationParams
 from hetero_core.server.constraints import ConstraintFields
 from hetero_core.server.errors import APIError
+from hetero_core.server.fields import STRICT, JSONObject, Text
 from hetero_core.server.tools import Tool, ToolFields, ToolPlan
 
-STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the server
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is OpenAI's newer name for system
-
-
-def _encodable(text: str) -> str:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_encodable)]
 TokenIds = list[int]
 
 
@@ -215,7 +204,7 @@ class ChatRendering(BaseModel):
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JSONObject | None = None
 
     def check_rendering(self) -> None:
         """Both true is a 400, as in vLLM: the continued turn cannot also be followed by a new one."""

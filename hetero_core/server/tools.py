@@ -25,24 +25,24 @@ import json
 from typing import Any, Literal
 
 import attrs
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from hetero_core.server.errors import APIError
+from hetero_core.server.fields import STRICT, JSONObject, Text
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
-FORBID = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 NO_PARAMETERS = {"type": "object", "properties": {}}
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes it
 
 
 class FunctionDefinition(BaseModel):
-    model_config = FORBID
+    model_config = STRICT
 
     name: str = Field(pattern=NAME_PATTERN)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
+    description: Text | None = None
+    parameters: JSONObject | None = None
     strict: bool | None = None  # forced calls are always schema-valid; auto calls are never constrained
 
     @field_validator("parameters")
@@ -54,20 +54,20 @@ class FunctionDefinition(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = FORBID
+    model_config = STRICT
 
     type: Literal["function"]
     function: FunctionDefinition
 
 
 class NamedFunction(BaseModel):
-    model_config = FORBID
+    model_config = STRICT
 
     name: str
 
 
 class NamedToolChoice(BaseModel):
-    model_config = FORBID
+    model_config = STRICT
 
     type: Literal["function"]
     function: NamedFunction

@@ -31,7 +31,8 @@ NAMED = {"type": "function", "function": {"name": "get_time"}}
 
 
 def post(server, body: dict[str, Any], path: str = "/v1/chat/completions") -> httpx.Response:
-    return httpx.post(f"{server.url}{path}", json=body, timeout=60)
+    content = json.dumps(body)  # ASCII, with lone surrogates escaped as JSON allows
+    return httpx.post(f"{server.url}{path}", content=content, headers={"content-type": "application/json"}, timeout=60)
 
 
 def renamed(name: str) -> dict:
@@ -57,6 +58,9 @@ REFUSED = [
          "tool_choice": "required"},
         "tools",
     ),
+    ({"tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"\udfff": {}}}}}]}, "tools"),
+    ({"chat_template_kwargs": {"persona": "\ud83d"}}, "chat_template_kwargs"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages"),
