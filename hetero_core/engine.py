@@ -206,8 +206,7 @@ class InferenceEngine:
     ) -> str:
         self.admission.check_fits(token_ids, params)
         grammar = None if params.structured_output is None else self.grammars.compile(params.structured_output)
-        num_waiting = lambda: len(self.scheduler.waiting)  # noqa: E731
-        return self.inbox.put(prompt_text, token_ids, params, request_id, on_output, grammar, num_waiting)
+        return self.inbox.put(prompt_text, token_ids, params, request_id, on_output, grammar, len(self.scheduler.waiting))
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its blocks are freed at the next step. False if it is unknown or finished."""

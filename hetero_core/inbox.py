@@ -37,14 +37,14 @@ class Inbox:
         request_id: str | None,
         on_output: Callable[[Any], None] | None,
         grammar: Any,
-        num_waiting: Callable[[], int],
+        num_waiting: int,
     ) -> str:
-        """Queue a checked request; its id (made up when None). ``num_waiting`` counts those the scheduler already holds."""
+        """Queue a checked request; its id (made up when None). ``num_waiting``: how many the scheduler already holds."""
         with self._lock:
             request_id = request_id or uuid.uuid4().hex
             if request_id in self._requests:
                 raise ValidationError(f"request id {request_id!r} is already in use", param="request_id")
-            if num_waiting() + len(self._new) >= self.max_waiting_requests:
+            if num_waiting + len(self._new) >= self.max_waiting_requests:
                 raise SchedulerError(f"the waiting queue is full ({self.max_waiting_requests} requests)")
             request = Request(
                 request_id=request_id,
