@@ -34,6 +34,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine (override the config file)")
     group.add_argument("--config", help="JSON config file (the seed's config.json layout works)")
     group.add_argument("--model", help="a .gguf file or a Hugging Face folder (default: the embedded SmolLM2)")
+    group.add_argument("--dtype", help=argparse.SUPPRESS)  # moved to the executor's options: refused with a pointer
     group.add_argument("--tokenizer", help="tokenizer component name")
     group.add_argument("--scheduler", help="scheduler policy name (fcfs, priority, ...)")
     group.add_argument("--cache-allocator", help="cache allocator component name (paged, ...)")
@@ -81,6 +82,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The config file (or defaults) with every given flag applied on top."""
+    if args.dtype is not None:
+        raise ConfigError(f"--dtype is the executor's option now: use -o executor.dtype={args.dtype}", param="dtype")
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     changes: dict[str, Any] = {key: getattr(args, key) for key in ENGINE_FLAGS if getattr(args, key) is not None}
     for key in COMPONENT_FLAGS:

@@ -80,6 +80,7 @@ def test_component_options_and_the_cache_allocator_flag() -> None:
     [
         (["-o", "executor.vocab_size=lots"], "executor 'mock' option vocab_size must be an integer in [1, 2147483647], got 'lots'"),
         (["-o", "executor.colour=red"], "executor 'mock' has no option 'colour'; accepted: vocab_size, eos_token_id, eos_probability,"),
+        (["--dtype", "float32"], "--dtype is the executor's option now: use -o executor.dtype=float32"),
         (["-o", "engine.x=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator"),
         (["--cache-allocator", "pagd"], "unknown cache_allocator 'pagd'; installed: 'paged'"),
         (["--block-size", "1000000000"], "block_size must be an integer in [1, 1024], got 1000000000"),
