@@ -24,12 +24,14 @@ import time
 import torch
 import torch.nn.functional as F
 
+from hetero_core.batch import ExecutionBatch, ScheduledSequence
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.attention import AttentionInputs, DecodeGroup, PrefillSpan
+from hetero_core.step_layout import layout
+from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
 
 CHATS = [
     "What is the capital of France?",
@@ -70,12 +72,11 @@ def whole_pass(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
 def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> torch.Tensor:
     """Logits predicting each answer token: the prompt prefilled, then the answer decoded token by token."""
     rows = [whole_pass(executor, prompt)[-1:]]
+    greedy = GenerationParams(temperature=0.0)
     for offset, token in enumerate(answer[:-1]):
         position = len(prompt) + offset
-        blocks = torch.arange(position // BLOCK + 1)[None]
-        mask = (torch.arange(blocks.shape[1] * BLOCK) <= position)[None, None, None]
-        attention = AttentionInputs(torch.tensor([position]), 1, [DecodeGroup(0, 1, blocks, mask)], [])
-        rows.append(executor.model.forward(torch.tensor([token]), torch.tensor([position]), attention, executor.kv_caches, torch.tensor([0])))
+        sequence = ScheduledSequence(0, [token], position, list(range(position // BLOCK + 1)), True, greedy, prompt + answer[: offset + 1], len(prompt), None)
+        rows.append(executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], BLOCK)))))
     return torch.cat(rows)
 
 

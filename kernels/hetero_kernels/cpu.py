@@ -1,116 +1,124 @@
 """Numba CPU paged attention, reading keys and values in place through the block tables.
 
-A work item is one sequence (decode) or one query token (prefill) with all its
-heads, run in parallel over the items. It walks the context one cache block
-at a time, reading the block's rows in memory order: every query head's
-scores against the block's keys (each key row read once for all the query
-heads of its group), one online-softmax rescale (running maximum) per head
-and block, then the weighted values. Scores and sums accumulate in float64;
-dot products are summed in a fixed order, so ``fastmath`` stays off.
+A work item is one (sequence or query token, KV head) pair: the query heads
+that share the KV head, over the positions the token sees. It reads each key
+and value row once for the whole group, in two passes: the scores of every
+position (kept in a scratch row per head, so the softmax needs no running
+rescale), then the weighted values. Everything accumulates in float32 with
+``fastmath`` on, so LLVM vectorises the head-size loops; the sums are
+reassociated, so results agree with the float64 reference to float32
+rounding, not bit for bit.
 
-Arrays: ``query``/``out`` float32 or float64; caches float32, float64 or
-float16. Numba has no float16 arithmetic on the CPU, so a float16 cache is
-read through its raw bits and a 65536-entry decode table (exact).
+Items run in parallel (``prange``).
+
+Arrays: ``query``/``out`` float32; caches float32, float16 or bfloat16.
+numpy has no bfloat16, so a bfloat16 cache is passed as its raw bits, a
+``uint16`` array (see :func:`~hetero_kernels.dtypes.bfloat16_bits`), and each element is widened by
+a shift into the top half of a float32. Numba has no float16 type on the CPU,
+so a float16 cache is read through its raw bits and a 65536-entry decode
+table (exact).
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
-from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE
+from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16, bfloat16_bits
 
-_KERNEL = dict(parallel=True, fastmath=False, cache=True)
+_OPTIONS = dict(fastmath=True, cache=True)
+
+
+@intrinsic
+def _bfloat16_to_float32(typingctx, bits):
+    """The float32 whose top 16 bits are ``bits`` (a uint16): exactly the bfloat16 value."""
+
+    def codegen(context, builder, signature, args):
+        wide = builder.zext(args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+    return types.float32(bits), codegen
 
 
 def _load(row, d, table):
-    """``row[d]`` as a float64; a uint16 row holds float16 bits, decoded by ``table``."""
-    if row.dtype == np.uint16:
-        return float(table[row[d]])
-    return float(row[d])
+    """``row[d]`` as a float32 (compiled only, see the overload)."""
+    raise NotImplementedError
 
 
 @overload(_load, inline="always")
 def _load_overload(row, d, table):
-    if row.dtype == types.uint16:
-        return lambda row, d, table: np.float64(table[row[d]])
-    return lambda row, d, table: np.float64(row[d])
+    if row.dtype != types.uint16:
+        return lambda row, d, table: np.float32(row[d])
+    if table.dtype == types.uint16:  # the WIDEN_BFLOAT16 marker
+        return lambda row, d, table: _bfloat16_to_float32(row[d])
+    return lambda row, d, table: table[row[d]]  # float16 bits through the decode table
 
 
-@njit(inline="always")
-def _dot(q_row, k_row, products, table):
-    """``q_row . k_row`` summed as a fixed pairwise tree over ``products`` (vectorises without reassociation)."""
-    n = q_row.shape[0]
-    for d in range(n):
-        products[d] = q_row[d] * _load(k_row, d, table)
-    while n >= 16:  # fold the upper half onto the lower (an odd one out onto element 0)
-        half = n // 2
-        for d in range(half):
-            products[d] = products[d] + products[half + d]
-        for d in range(2 * half, n):
-            products[0] += products[d]
-        n = half
-    total = 0.0
-    for d in range(n):
-        total += products[d]
-    return total
-
-
-@njit
-def _attend(out_rows, q_rows, k_cache, v_cache, table, num_positions, scale, decode_table):
-    """Attention of one token's query heads ``q_rows`` [heads, head_size] over positions
-    ``[0, num_positions)`` of its sequence, block by block with an online softmax."""
-    heads, head_size = q_rows.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = heads // kv_heads
-    q = np.empty((heads, head_size), dtype=np.float64)
-    for h in range(heads):
+@njit(**_OPTIONS)
+def _attend(out, query, row, k_cache, v_cache, table, num_positions, kv_head, scale, decode_table):
+    """Attention of ``query[row]``'s heads that share ``kv_head`` over positions ``[0, num_positions)``
+    of the sequence with block table ``table``; written to the same heads of ``out[row]``."""
+    block_size, kv_heads, head_size = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    group = query.shape[1] // kv_heads
+    first_head = kv_head * group
+    q = np.empty((group, head_size), dtype=np.float32)
+    for h in range(group):
         for d in range(head_size):
-            q[h, d] = q_rows[h, d] * scale
-    acc = np.zeros((heads, head_size), dtype=np.float64)
-    running_max = np.full(heads, -np.inf)
-    total = np.zeros(heads, dtype=np.float64)
-    weights = np.empty((heads, block_size), dtype=np.float64)
-    products = np.empty(head_size, dtype=np.float64)
-    for first in range(0, num_positions, block_size):
-        block = table[first // block_size]
-        count = min(block_size, num_positions - first)
-        for j in range(count):
-            for kv_head in range(kv_heads):
-                k_row = k_cache[block, j, kv_head]
-                for h in range(kv_head * group, (kv_head + 1) * group):
-                    weights[h, j] = _dot(q[h], k_row, products, decode_table)
-        for h in range(heads):
-            block_max = -np.inf
-            for j in range(count):
-                block_max = max(block_max, weights[h, j])
-            new_max = max(running_max[h], block_max)
-            correction = math.exp(running_max[h] - new_max)
-            total[h] *= correction
-            acc_row = acc[h]
+            q[h, d] = query[row, first_head + h, d] * scale
+    scores = np.empty((group, num_positions), dtype=np.float32)
+    for p in range(num_positions):
+        key = k_cache[table[p // block_size], p % block_size, kv_head]
+        for h in range(group):
+            total = np.float32(0.0)
             for d in range(head_size):
-                acc_row[d] *= correction
-            for j in range(count):
-                weights[h, j] = math.exp(weights[h, j] - new_max)
-                total[h] += weights[h, j]
-            running_max[h] = new_max
-        for j in range(count):
-            for kv_head in range(kv_heads):
-                v_row = v_cache[block, j, kv_head]
-                for h in range(kv_head * group, (kv_head + 1) * group):
-                    weight = weights[h, j]
-                    acc_row = acc[h]
-                    for d in range(head_size):
-                        acc_row[d] += weight * _load(v_row, d, decode_table)
-    for h in range(heads):
+                total += q[h, d] * _load(key, d, decode_table)
+            scores[h, p] = total
+    sums = np.empty(group, dtype=np.float32)
+    for h in range(group):
+        peak = scores[h, 0]
+        for p in range(1, num_positions):
+            peak = max(peak, scores[h, p])
+        total = np.float32(0.0)
+        for p in range(num_positions):
+            weight = np.exp(scores[h, p] - peak)
+            scores[h, p] = weight
+            total += weight
+        sums[h] = total
+    acc = np.zeros((group, head_size), dtype=np.float32)
+    for p in range(num_positions):
+        value = v_cache[table[p // block_size], p % block_size, kv_head]
+        for h in range(group):
+            weight = scores[h, p]
+            for d in range(head_size):
+                acc[h, d] += weight * _load(value, d, decode_table)
+    for h in range(group):
+        inverse = np.float32(1.0) / sums[h]
         for d in range(head_size):
-            out_rows[h, d] = acc[h, d] / total[h]
+            out[row, first_head + h, d] = acc[h, d] * inverse
 
 
-@njit(**_KERNEL)
+@njit(parallel=True, **_OPTIONS)
+def _decode(out, query, k_cache, v_cache, block_tables, context_lens, scale, decode_table):
+    kv_heads = k_cache.shape[2]
+    for item in prange(query.shape[0] * kv_heads):
+        b = item // kv_heads
+        _attend(out, query, b, k_cache, v_cache, block_tables[b], context_lens[b], item % kv_heads, scale, decode_table)
+
+
+@njit(parallel=True, **_OPTIONS)
+def _prefill(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table):
+    kv_heads = k_cache.shape[2]
+    for item in prange(query.shape[0] * kv_heads):
+        token = item // kv_heads
+        b = np.searchsorted(query_start_loc, token, side="right") - 1
+        query_len = query_start_loc[b + 1] - query_start_loc[b]
+        visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
+        _attend(out, query, token, k_cache, v_cache, block_tables[b], visible, item % kv_heads, scale, decode_table)
+
+
+@njit(parallel=True, cache=True)
 def _copy_rows(key, value, k_cache, v_cache, slot_mapping):
     block_size = k_cache.shape[1]
     for token in prange(key.shape[0]):
@@ -120,44 +128,34 @@ def _copy_rows(key, value, k_cache, v_cache, slot_mapping):
             v_cache[slot // block_size, slot % block_size] = value[token]
 
 
-@njit(**_KERNEL)
-def _decode(out, query, k_cache, v_cache, block_tables, context_lens, scale, decode_table):
-    for b in prange(query.shape[0]):
-        _attend(out[b], query[b], k_cache, v_cache, block_tables[b], context_lens[b], scale, decode_table)
-
-
-@njit(**_KERNEL)
-def _prefill(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table):
-    for token in prange(query.shape[0]):
-        b = np.searchsorted(query_start_loc, token, side="right") - 1
-        query_len = query_start_loc[b + 1] - query_start_loc[b]
-        visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
-        _attend(out[token], query[token], k_cache, v_cache, block_tables[b], visible, scale, decode_table)
-
-
 def _cache_view(cache: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The cache as the kernels read it, with its decode table (float16 becomes its raw bits)."""
+    """The cache as the kernels read it, with how to widen its elements."""
     if cache.dtype == np.float16:
         return cache.view(np.uint16), FLOAT16_BITS_TO_FLOAT32
+    if cache.dtype == np.uint16:
+        return cache, WIDEN_BFLOAT16
     return cache, NO_DECODE_TABLE
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
-    """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped)."""
+    """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped);
+    into a bfloat16 cache (``uint16`` bits) float32 keys and values are rounded to nearest."""
     if k_cache.dtype == np.float16:
         key, value = key.astype(np.float16, copy=False).view(np.uint16), value.astype(np.float16, copy=False).view(np.uint16)
         k_cache, v_cache = k_cache.view(np.uint16), v_cache.view(np.uint16)
+    elif k_cache.dtype == np.uint16 and key.dtype != np.uint16:
+        key, value = bfloat16_bits(key), bfloat16_bits(value)
     _copy_rows(key, value, k_cache, v_cache, slot_mapping)
 
 
 def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_lens, scale: float) -> None:
     """One query token per sequence [B, heads, head_size] over its ``context_lens[b]`` cached tokens."""
     (k, decode_table), (v, _) = _cache_view(k_cache), _cache_view(v_cache)
-    _decode(out, query, k, v, block_tables, context_lens, float(scale), decode_table)
+    _decode(out, query, k, v, block_tables, context_lens, np.float32(scale), decode_table)
 
 
 def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float) -> None:
     """Chunks of query tokens [T, heads, head_size]; token i of sequence b sits at position
     ``context_lens[b] - q_len_b + i`` and attends causally to every position up to its own."""
     (k, decode_table), (v, _) = _cache_view(k_cache), _cache_view(v_cache)
-    _prefill(out, query, k, v, block_tables, query_start_loc, context_lens, float(scale), decode_table)
+    _prefill(out, query, k, v, block_tables, query_start_loc, context_lens, np.float32(scale), decode_table)

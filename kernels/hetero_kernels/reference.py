@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from hetero_kernels.dtypes import widen
+
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped)."""
@@ -15,10 +17,11 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
 
 
 def gather(cache, block_table, length: int) -> np.ndarray:
-    """The first ``length`` positions of a sequence, [length, kv_heads, head_size], in float64."""
+    """The first ``length`` positions of a sequence, [length, kv_heads, head_size], in float64
+    (a ``uint16`` cache holds bfloat16 bits)."""
     block_size = cache.shape[1]
     positions = np.arange(length)
-    return cache[np.asarray(block_table)[positions // block_size], positions % block_size].astype(np.float64)
+    return widen(cache[np.asarray(block_table)[positions // block_size], positions % block_size])
 
 
 def attend(query, keys, values, scale: float) -> np.ndarray:

@@ -16,6 +16,10 @@ import attrs
 import numpy as np
 from hypothesis import strategies as st
 
+from hetero_kernels.dtypes import bfloat16_bits
+
+BFLOAT16 = "bfloat16"  # a cache_dtypes entry: the cache as bfloat16 bits (uint16), as the kernels take it
+
 GARBAGE = 1e4  # large but finite in float16 (max 65504)
 
 
@@ -54,7 +58,8 @@ class Problem:
         slots = rng.choice(num_slots, size=min(5, num_slots), replace=False).astype(np.int64)
         slots[0] = -1
         shape = (len(slots), *self.k_cache.shape[2:])
-        return rng.standard_normal(shape).astype(self.k_cache.dtype), rng.standard_normal(shape).astype(self.k_cache.dtype), slots
+        convert = bfloat16_bits if self.k_cache.dtype == np.uint16 else lambda a: a.astype(self.k_cache.dtype)
+        return convert(rng.standard_normal(shape)), convert(rng.standard_normal(shape)), slots
 
 
 @st.composite
@@ -85,7 +90,7 @@ def problems(
     needed = [math.ceil(n / block_size) for n in lengths]
     num_blocks = sum(needed) + 2  # two blocks no sequence owns
     physical = rng.permutation(num_blocks).astype(np.int32)
-    k_cache = np.full((num_blocks, block_size, kv_heads, head_size), GARBAGE, dtype=dtype)
+    k_cache = np.full((num_blocks, block_size, kv_heads, head_size), GARBAGE, dtype=np.float32 if dtype == BFLOAT16 else dtype)
     v_cache = np.full_like(k_cache, GARBAGE)
     tables = np.zeros((batch, max(needed)), dtype=np.int32)
     used = 0
@@ -96,6 +101,8 @@ def problems(
             block, offset = tables[b, position // block_size], position % block_size
             k_cache[block, offset] = rng.standard_normal((kv_heads, head_size))
             v_cache[block, offset] = rng.standard_normal((kv_heads, head_size))
+    if dtype == BFLOAT16:
+        k_cache, v_cache = bfloat16_bits(k_cache), bfloat16_bits(v_cache)
     query = rng.standard_normal((batch, heads, head_size)).astype(np.float32)
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     prefill = Prefill(rng.standard_normal((int(starts[-1]), heads, head_size)).astype(np.float32), starts)

@@ -18,8 +18,9 @@ MLP, the paged KV cache tensors, sampling). Attention comes from a backend:
   whose ``supports_graphs`` is false is never asked, and the executor
   refuses ``decode_graphs=true`` with it.
 
-The executor's ``attention`` option picks one: a built-in name (``torch``,
-``numba``), a name registered in the ``hetero_infer.attention`` entry-point
+The executor's ``attention`` option picks one: ``auto`` (``numba`` on the
+CPU when the ``hetero_kernels`` package is installed, else ``torch``), a
+built-in name (``torch``, ``numba``), a name registered in the ``hetero_infer.attention`` entry-point
 group (its value: a callable taking no arguments that returns a backend), or,
 from Python, a backend object itself.
 """
@@ -81,8 +82,18 @@ def _load(load: Callable[[], Any]) -> Callable[[], AttentionBackend]:
     return lambda: load()()
 
 
-def resolve(attention: str | AttentionBackend) -> AttentionBackend:
-    """The backend named by ``attention``, or ``attention`` itself when it is a backend."""
+def _kernels_installed() -> bool:
+    try:
+        import hetero_kernels  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve(attention: str | AttentionBackend, device: torch.device) -> AttentionBackend:
+    """The backend named by ``attention`` (``auto``: the fastest one for ``device``), or ``attention`` itself when it is a backend."""
+    if attention == "auto":
+        attention = "numba" if device.type == "cpu" and _kernels_installed() else "torch"
     if not isinstance(attention, str):
         if not isinstance(attention, AttentionBackend):
             raise ConfigError(f"executor option attention must be a backend name or an AttentionBackend; got {attention!r}", param="attention")

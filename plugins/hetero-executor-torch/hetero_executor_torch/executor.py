@@ -82,18 +82,20 @@ class TorchExecutor:
     :param device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
     :param num_threads: torch CPU threads (default: torch's choice).
     :param attention: the attention backend (see
-        :mod:`hetero_executor_torch.attention_backend`): ``torch`` (gather
-        blocks, then scaled-dot-product attention), on the CPU ``numba``
-        (decodes run the Numba CPU kernel, which reads the paged cache in
-        place; prefill chunks take the torch path; the KV cache is then
-        float32), a name registered in the ``hetero_infer.attention`` entry
-        points, or an :class:`AttentionBackend` object.
-    :param weights: how linear weights are held: ``dense`` (the compute
-        dtype; the default, fastest end to end on the development machine),
-        ``auto`` (on the CPU in bf16, a GGUF's Q4_0/Q4_1 linears stay packed
-        int4, everything else dense; otherwise dense), ``int8``
-        (per-channel) or ``int4`` (groups of 32): weight-only quantization
-        on the CPU, for any checkpoint.
+        :mod:`hetero_executor_torch.attention_backend`): ``auto`` (the
+        default: ``numba`` on the CPU where the kernels are installed, else
+        ``torch``), ``torch`` (gather blocks, then scaled-dot-product
+        attention), on the CPU ``numba`` (decodes run the Numba CPU kernel,
+        which reads the paged cache in place, float32 or bf16; prefill chunks
+        take the torch path), a name registered in the
+        ``hetero_infer.attention`` entry points, or an
+        :class:`AttentionBackend` object.
+    :param weights: how linear weights are held: ``auto`` (the default: on
+        the CPU in bf16, a GGUF's Q4_0/Q4_1 and Q8_0 weights stay packed,
+        exactly as the file holds them, for steps of a few rows; everything
+        else dense; otherwise dense), ``dense`` (the compute dtype),
+        ``int8`` (per-channel) or ``int4`` (groups of 32): weight-only
+        quantization on the CPU, for any checkpoint.
     :param decode_graphs: replay decode-only steps from captured graphs
         (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
@@ -107,16 +109,16 @@ class TorchExecutor:
         kv_cache_dtype: str = "auto",
         device: str = "auto",
         num_threads: int | None = None,
-        attention: str | AttentionBackend = "torch",
+        attention: str | AttentionBackend = "auto",
         decode_graphs: bool | str = "auto",
-        weights: str = "dense",
+        weights: str = "auto",
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         if decode_graphs not in (True, False, "auto"):
             raise ConfigError(f"executor option decode_graphs must be true, false or 'auto'; got {decode_graphs!r}", param="decode_graphs")
-        self.attention = attention_backend.resolve(attention)
         self.device = resolve_device(device)
+        self.attention = attention_backend.resolve(attention, self.device)
         self.uses_graphs = self._uses_graphs(decode_graphs)
         self.dtype = resolve_dtype(dtype, self.device)
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
@@ -133,7 +135,7 @@ class TorchExecutor:
         self.block_size = 0
         self.engine_config = config
         self.graphs: DecodeGraphs | None = None
-        log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device), weights=self.weight_format)
+        log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device), weights=self.weight_format, attention=self.attention.name)
 
     def _uses_graphs(self, decode_graphs: bool | str) -> bool:
         if self.attention.supports_graphs:
@@ -204,7 +206,7 @@ class TorchExecutor:
             if normed is not None:
                 logits = self.model.logits(normed)
             else:
-                input_ids, positions, attention, kv_caches, logits_indices = self._prepare(step)
+                input_ids, positions, attention, kv_caches, logits_indices = self.model_inputs(step)
                 hidden = self.model.hidden_states(input_ids, positions, attention, kv_caches)
                 logits = self.model.logits_at(hidden, logits_indices)
                 if scores_prompts:
@@ -246,7 +248,9 @@ class TorchExecutor:
             k_cache[dst] = k_cache[src]
             v_cache[dst] = v_cache[src]
 
-    def _prepare(self, step: StepLayout):
+    def model_inputs(self, step: StepLayout) -> tuple:
+        """The model's forward arguments for ``step``: token ids, positions, the attention backend's
+        inputs, the KV caches and the rows whose logits are sampled."""
         device = self.device
         attention = self.attention.inputs(step, torch.from_numpy(step.slot_mapping).to(device))
         return (

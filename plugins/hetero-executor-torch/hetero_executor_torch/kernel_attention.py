@@ -19,7 +19,11 @@ from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefi
 
 
 def _view(tensor: torch.Tensor) -> Any:
-    return tensor.numpy() if tensor.device.type == "cpu" else tensor
+    """What the kernels take: a CPU tensor as a zero-copy numpy array (bfloat16 as its raw bits, the
+    ``uint16`` the CPU kernels read as bfloat16), a CUDA tensor as it is."""
+    if tensor.device.type != "cpu":
+        return tensor
+    return (tensor.view(torch.uint16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 class KernelAttention:
@@ -86,8 +90,8 @@ class KernelAttention:
 
 
 class NumbaCpuAttention(KernelAttention):
-    """The ``numba`` backend: decodes run the Numba CPU kernel, reading the paged cache in place; prefill
-    chunks take the torch path. CPU only; the cache is float32 (the kernels compute in float32/float64)."""
+    """The ``numba`` backend: decodes run the Numba CPU kernel, reading the paged cache (float32,
+    bfloat16 or float16) in place; prefill chunks take the torch path. CPU only."""
 
     name = "numba"
 
@@ -99,7 +103,7 @@ class NumbaCpuAttention(KernelAttention):
     def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
         if device.type != "cpu":
             raise ConfigError(f"attention 'numba' runs the Numba CPU kernels, not on {device}; on CUDA use executor 'numba-cuda'", param="attention")
-        return torch.float32
+        return kv_cache_dtype
 
 
 def kernel_inputs(step: StepLayout, device: torch.device) -> KernelInputs:

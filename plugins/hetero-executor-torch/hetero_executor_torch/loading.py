@@ -1,9 +1,11 @@
 """Load weights into Hugging Face Llama naming, from a GGUF file or a Hugging Face folder.
 
 GGUF tensors are dequantized with the ``gguf`` package, except Q4_0 / Q4_1
-linear weights when the caller keeps them quantized: those arrive as
+and Q8_0 weights when the caller keeps them quantized: those arrive as
 :class:`~hetero_executor_torch.quantized.GroupQuantized` (the file's 4-bit
-values, scales and minimums, unchanged). llama.cpp's
+values, scales and minimums, unchanged) and
+:class:`~hetero_executor_torch.quantized.SplitQuantized` (the 8-bit values
+as two 4-bit halves, exact). llama.cpp's
 converter permutes the rows of the q and k projections so that RoPE rotates
 adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
 (rotate-half RoPE, as Hugging Face computes it) serves both sources.
@@ -22,7 +24,7 @@ from safetensors.torch import load_file
 
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
-from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, Weight
+from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, SplitQuantized, Weight
 
 GGUF_TYPES = {
     gguf.GGMLQuantizationType.F32,
@@ -80,10 +82,21 @@ def q4_groups(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> GroupQuantiz
     return GroupQuantized(torch.from_numpy(q), torch.from_numpy(scale.reshape(rows, -1)), torch.from_numpy(minimum.reshape(rows, -1)))
 
 
+def q8_groups(data: np.ndarray) -> SplitQuantized:
+    """A Q8_0 tensor's raw blocks ([rows, bytes per row]): an f16 scale d, then 32 int8 values q; w = d * q."""
+    rows = data.shape[0]
+    blocks = data.reshape(-1, 2 + GROUP_SIZE)
+    scale = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
+    q = blocks[:, 2:].copy().view(np.int8).reshape(rows, -1)
+    return SplitQuantized.from_q8(torch.from_numpy(q), torch.from_numpy(scale))
+
+
 Q4_TYPES = {gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
 
 
 def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
+    if isinstance(weight, SplitQuantized):
+        return SplitQuantized(unpermute_weight(weight.high, num_heads), unpermute_weight(weight.low, num_heads))
     if isinstance(weight, GroupQuantized):
         return GroupQuantized(*(torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads))) for t in (weight.q, weight.scale, weight.minimum)))
     return torch.from_numpy(np.ascontiguousarray(unpermute(weight.numpy(), num_heads)))
@@ -134,7 +147,7 @@ def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
 
 def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
     """The model's config and an iterator of (Hugging Face name, float32 tensor or, with
-    ``keep_quantized``, a Q4_0 / Q4_1 weight's :class:`GroupQuantized`)."""
+    ``keep_quantized``, a Q4_0 / Q4_1 weight's :class:`GroupQuantized`, a Q8_0 weight's :class:`SplitQuantized`)."""
     reader = gguf.GGUFReader(path)
     config = gguf_config(reader, path)
     arch = _field(reader, "general.architecture")
@@ -151,6 +164,8 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, It
             weight: Weight
             if keep_quantized and tensor.tensor_type in Q4_TYPES:
                 weight = q4_groups(tensor.data, tensor.tensor_type)
+            elif keep_quantized and tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+                weight = q8_groups(tensor.data)
             else:
                 dense = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
                 weight = torch.from_numpy(np.require(dense, requirements=["C", "W"]))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
 from hetero_executor_torch.model_config import ModelConfig
-from hetero_executor_torch.quantized import GroupQuantized, Linear, Weight, as_dense, make_linear
+from hetero_executor_torch.quantized import Linear, Weight, concat, make_linear
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -67,14 +67,13 @@ class LlamaModel:
         self.dtype = dtype
         self.device = device
         weights = dict(tensors)
-        # auto keeps what the file holds exactly: its 4-bit linears packed, the rest dense (a Q8_0 head has
-        # one scale per 32 weights; torch's int8 kernel takes one per row, which cost top-1 agreement)
-        table_format = "int8" if weight_format in ("int8", "int4") else "dense"
+        # auto keeps what the file holds exactly (a Q8_0 embedding / head as two int4 halves); int4 and int8
+        # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
+        table_format = "int8" if weight_format in ("int8", "int4") else weight_format
         self.weight_format = weight_format
 
         def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format) -> Linear:
-            weight = GroupQuantized.cat(parts) if all(isinstance(p, GroupQuantized) for p in parts) else torch.cat([as_dense(p) for p in parts])
-            return make_linear(weight, None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device)
+            return make_linear(concat(parts), None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device)
 
         try:
             embed = weights.pop("model.embed_tokens.weight")

@@ -29,7 +29,7 @@ def _decode_graphs(_instance: Any, attribute: Any, value: Any) -> None:
 def _attention(_instance: Any, attribute: Any, value: Any) -> None:
     """A backend name (resolved, with the names on offer, when the executor is built) or, from Python, a backend."""
     if not (isinstance(value, str) and value or isinstance(value, AttentionBackend)):
-        raise ConfigError(f"{attribute.name} must be an attention backend name ({', '.join(sorted(available()))}), got {value!r}", param=attribute.name)
+        raise ConfigError(f"{attribute.name} must be auto or an attention backend name ({', '.join(sorted(available()))}), got {value!r}", param=attribute.name)
 
 
 @attrs.frozen
@@ -40,9 +40,9 @@ class TorchExecutorOptions:
     kv_cache_dtype: str = attrs.field(default="auto", validator=one_of(DTYPE_CHOICES, error=ConfigError))
     device: str = attrs.field(default="auto", validator=_device)
     num_threads: int | None = attrs.field(default=None, validator=optional(number_in(1, 4096, integer=True, error=ConfigError)))
-    attention: str | AttentionBackend = attrs.field(default="torch", validator=_attention)
+    attention: str | AttentionBackend = attrs.field(default="auto", validator=_attention)
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
-    weights: str = attrs.field(default="dense", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
+    weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
 
 
 @hookimpl

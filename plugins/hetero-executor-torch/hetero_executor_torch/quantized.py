@@ -11,9 +11,12 @@ are and widened inside torch's CPU kernels:
   (``_weight_int4pack_mm_for_cpu``) computes ``(q - 8) * scale + zero``, so
   ``zero = minimum + 8 * scale``; scales and zeros are stored in the
   activations' dtype (bf16 rounds the file's f16 scales, float32 keeps them).
+- 8-bit groups (GGUF's Q8_0 block, ``w = scale * q`` with ``q`` in
+  -128..127) run as the sum of two such int4 weights, the high and the low
+  nibble of each ``q`` (:class:`SplitQuantized`): exact again, two kernel
+  calls instead of one, still far fewer bytes than bf16.
 - ``int8``: one symmetric scale per output channel
-  (``_weight_int8pack_mm``); used for the LM head beside packed linears and
-  offered for dense checkpoints.
+  (``_weight_int8pack_mm``); offered for dense checkpoints.
 
 Steps with more rows run the same weights dense (see :class:`PackedLinear`).
 
@@ -64,11 +67,52 @@ class GroupQuantized:
         return cls(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.minimum for p in parts]))
 
 
-Weight = torch.Tensor | GroupQuantized
+@attrs.frozen
+class SplitQuantized:
+    """8-bit group-quantized weights ``scale * q`` (``q`` in -128..127, one scale per group of 32) held
+    exactly as the sum of two :class:`GroupQuantized` parts: ``q = 16 * high + low``, ``high`` the
+    signed high nibble (-8..7), ``low`` the low nibble (0..15).
+
+    The parts are offset so that each kernel's partial sum stays centred:
+    ``high`` weighs ``16 * scale * high + 8 * scale`` and ``low``
+    ``scale * (low - 8)``; the offsets cancel.
+    """
+
+    high: GroupQuantized
+    low: GroupQuantized
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.high.shape
+
+    def dequantize(self) -> torch.Tensor:
+        return self.high.dequantize() + self.low.dequantize()
+
+    @classmethod
+    def from_q8(cls, q: torch.Tensor, scale: torch.Tensor) -> SplitQuantized:
+        """``q`` [out, in] int8, ``scale`` [out, in // GROUP_SIZE] float32."""
+        high = ((q >> 4) + 8).to(torch.uint8)  # arithmetic shift: the signed high nibble, then 0..15
+        low = (q & 15).to(torch.uint8)
+        return cls(GroupQuantized(high, 16 * scale, -120 * scale), GroupQuantized(low, scale, -8 * scale))
+
+    @classmethod
+    def cat(cls, parts: list[SplitQuantized]) -> SplitQuantized:
+        return cls(GroupQuantized.cat([p.high for p in parts]), GroupQuantized.cat([p.low for p in parts]))
+
+
+Weight = torch.Tensor | GroupQuantized | SplitQuantized
 
 
 def as_dense(weight: Weight) -> torch.Tensor:
-    return weight.dequantize() if isinstance(weight, GroupQuantized) else weight
+    return weight if isinstance(weight, torch.Tensor) else weight.dequantize()
+
+
+def concat(parts: list[Weight]) -> Weight:
+    """Weights stacked along the output dimension, kept quantized when every part is quantized alike."""
+    for kind in (GroupQuantized, SplitQuantized):
+        if all(isinstance(p, kind) for p in parts):
+            return kind.cat(parts)
+    return torch.cat([as_dense(p) for p in parts])
 
 
 class Linear(Protocol):
@@ -105,6 +149,16 @@ class Int4Weights:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
+class SplitInt4Weights:
+    """:class:`SplitQuantized` weights: two packed int4 matmuls, summed in float32."""
+
+    def __init__(self, weight: SplitQuantized, dtype: torch.dtype) -> None:
+        self.high, self.low = Int4Weights(weight.high, dtype), Int4Weights(weight.low, dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.high.matmul(x).float() + self.low.matmul(x).float()).to(x.dtype)
+
+
 class Int8Weights:
     """Per-output-channel symmetric int8 weights."""
 
@@ -122,7 +176,7 @@ class Int8Weights:
 
 
 class PackedLinear(DenseLinear):
-    """Packed weights for steps of at most :data:`PACKED_MAX_ROWS` tokens, the same weights dense above.
+    """Packed weights for steps of at most ``max_rows`` tokens, the same weights dense above.
 
     torch's packed kernels cost about linearly in the rows (they do not reuse a
     widened weight across rows), while the dense bf16 matmul costs nearly the
@@ -133,25 +187,29 @@ class PackedLinear(DenseLinear):
     function at every batch size.
     """
 
-    def __init__(self, packed: Int4Weights | Int8Weights, dense: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, packed: Int4Weights | SplitInt4Weights | Int8Weights, dense: torch.Tensor, bias: torch.Tensor | None, max_rows: int = 0) -> None:
         super().__init__(dense, bias)
         self.packed = packed
+        self.max_rows = max_rows or PACKED_MAX_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > PACKED_MAX_ROWS:
+        if x.shape[0] > self.max_rows:
             return F.linear(x, self.weight, self.bias)
         out = self.packed.matmul(x)
         return out if self.bias is None else out + self.bias
 
 
 PACKED_MAX_ROWS = 4
+SPLIT_MAX_ROWS = 2  # two int4 calls: the crossover with bf16 comes at half the rows
 
 
 def make_linear(weight: Weight, bias: torch.Tensor | None, weight_format: str, dtype: torch.dtype, device: torch.device) -> Linear:
     """A linear layer holding ``weight`` in ``weight_format``: ``dense`` (the model's dtype), ``int8``,
-    ``int4`` or ``auto`` (int4 for weights that arrive group-quantized, else dense)."""
+    ``int4`` or ``auto`` (packed int4 for weights that arrive group-quantized, else dense)."""
     if weight_format == "auto":
-        weight_format = "int4" if isinstance(weight, GroupQuantized) else "dense"
+        weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
+    if weight_format == "int4" and isinstance(weight, SplitQuantized):
+        return PackedLinear(SplitInt4Weights(weight, dtype), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
         return PackedLinear(Int4Weights(quantized, dtype), quantized.dequantize().to(dtype), bias)

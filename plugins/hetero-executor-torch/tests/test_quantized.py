@@ -1,4 +1,4 @@
-"""Packed weights compute the linear layer of the weights they hold: GGUF 4-bit blocks, int4 and int8 quantization."""
+"""Packed weights compute the linear layer of the weights they hold: GGUF 4-bit and 8-bit blocks, int4 and int8 quantization."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hetero_core.batch import ExecutionBatch, ScheduledSequence
 from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
 from hetero_core.model_source import resolve_model_path
+from hetero_core.params import GenerationParams
+from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.attention import AttentionInputs, DecodeGroup
-from hetero_executor_torch.loading import q4_groups, unpermute, unpermute_weight
-from hetero_executor_torch.quantized import PACKED_MAX_ROWS, GroupQuantized, PackedLinear, make_linear
+from hetero_executor_torch.loading import q4_groups, q8_groups, unpermute, unpermute_weight
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, SPLIT_MAX_ROWS, GroupQuantized, PackedLinear, SplitInt4Weights, make_linear
 
 from .test_tiny_model import our_logits
 
@@ -32,11 +34,22 @@ def test_q4_blocks_read_back_exactly_what_gguf_dequantizes(kind) -> None:
     assert int(groups.q.max()) <= 15
 
 
-def test_unpermuting_a_quantized_weight_moves_its_rows_like_the_dense_one() -> None:
-    raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(24, 64)).astype(np.float32), gguf.GGMLQuantizationType.Q4_1)
-    groups = q4_groups(raw, gguf.GGMLQuantizationType.Q4_1)
-    expected = unpermute(groups.dequantize().numpy(), 3)
-    np.testing.assert_array_equal(unpermute_weight(groups, 3).dequantize().numpy(), expected)
+def test_q8_0_blocks_split_into_two_4_bit_halves_exactly() -> None:
+    weights = np.random.default_rng(0).normal(size=(6, 96)).astype(np.float32)
+    weights[0, :32] = np.linspace(-1, 1, 32)  # a group using the whole range, -127..127
+    raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0)
+    split = q8_groups(raw)
+    np.testing.assert_array_equal(split.dequantize().numpy(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0))
+    for half in (split.high, split.low):
+        assert int(half.q.max()) <= 15
+
+
+@pytest.mark.parametrize("kind", [gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0], ids=lambda k: k.name)
+def test_unpermuting_a_quantized_weight_moves_its_rows_like_the_dense_one(kind) -> None:
+    raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(24, 64)).astype(np.float32), kind)
+    held = q8_groups(raw) if kind == gguf.GGMLQuantizationType.Q8_0 else q4_groups(raw, kind)
+    expected = unpermute(held.dequantize().numpy(), 3)
+    np.testing.assert_array_equal(unpermute_weight(held, 3).dequantize().numpy(), expected)
 
 
 @settings(max_examples=20, deadline=None)
@@ -84,6 +97,20 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     torch.testing.assert_close(linear.weight, dense)
 
 
+@pytest.mark.model  # the embedded model's weights
+@pytest.mark.parametrize("rows", [1, SPLIT_MAX_ROWS, SPLIT_MAX_ROWS + 1])
+def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows: int) -> None:
+    """The embedding / head table (Q8_0): two packed int4 halves reproduce its dequantized float32 matmul."""
+    tensor = smollm2_tensors["token_embd.weight"]
+    assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+    linear = make_linear(q8_groups(tensor.data), None, "auto", torch.float32, CPU)
+    assert isinstance(linear, PackedLinear) and isinstance(linear.packed, SplitInt4Weights)
+    x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(linear.embed(torch.tensor([0, 7, 49151])), dense[[0, 7, 49151]])
+
+
 def test_weights_option_is_validated(tiny_model) -> None:
     with pytest.raises(ConfigError, match="weights"):
         TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", weights="int3")
@@ -103,9 +130,9 @@ def test_a_quantized_checkpoint_computes_the_same_function_at_every_batch_size(t
 
 
 def one_token_logits(executor: TorchExecutor, token: int, position: int) -> torch.Tensor:
-    """A decode of one token after :func:`our_logits` wrote positions 0.. into slots 8.. (blocks 2..)."""
-    blocks = torch.arange(2, 2 + position // 4 + 1)[None]
-    mask = (torch.arange(blocks.shape[1] * 4) < position + 1)[None, None, None]
-    attention = AttentionInputs(torch.tensor([8 + position]), 1, [DecodeGroup(0, 1, blocks, mask)], [])
+    """A decode of one token after :func:`our_logits` wrote positions 0.. into slots 8.. (blocks 2..),
+    through the executor's own attention backend."""
+    blocks = list(range(2, 2 + position // 4 + 1))
+    sequence = ScheduledSequence(0, [token], position, blocks, True, GenerationParams(temperature=0.0), [token] * (position + 1), position, None)
     with torch.inference_mode():
-        return executor.model.forward(torch.tensor([token]), torch.tensor([position]), attention, executor.kv_caches, torch.tensor([0]))
+        return executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], 4))))
