@@ -1,7 +1,7 @@
 """Offline throughput of the engine against its peers, workload by workload, each run in its own process.
 
     python benchmarks/throughput.py [--compare-hf] [--workloads standard,sequential,mixed]
-        [--peers hetero,hetero-dense,...] [--dtype auto] [--weights dense] [--repeats 1]
+        [--peers hetero,hetero-dense,...] [--dtype auto] [--weights auto] [--repeats 1]
 
 Workloads (``workload.py``): ``standard`` (32 prompts of 16..256 tokens, 64
 greedy new tokens each, all at once), ``sequential`` (the same, one request
@@ -109,9 +109,7 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
     recorder = StepRecorder()
     pm = create_plugin_manager()
     pm.register(recorder, name="step-recorder")
-    executor = {"name": "torch", "dtype": args.dtype, "weights": args.weights, "num_threads": args.threads, **options}
-    if args.attention:
-        executor["attention"] = args.attention
+    executor = {"name": "torch", "dtype": args.dtype, "weights": args.weights, "attention": args.attention, "num_threads": args.threads, **options}
     config = EngineConfig(
         model=args.model, executor=executor, max_num_seqs=args.max_num_seqs, max_batch_size=args.max_num_seqs,
         max_total_tokens=args.max_total_tokens, max_model_len=1024,
@@ -248,8 +246,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--weights", default="dense", help="the torch executor's weights option for peer 'hetero'")
-    parser.add_argument("--attention", choices=["torch", "numba"], help="the torch executor's attention backend")
+    parser.add_argument("--weights", default="auto", help="the torch executor's weights option for peer 'hetero'")
+    parser.add_argument("--attention", default="auto", choices=["auto", "torch", "numba"], help="the torch executor's attention backend")
     parser.add_argument("--workloads", default="standard,sequential", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     parser.add_argument("--peers", default="hetero", help=f"comma-separated, from {', '.join(PEERS)}")
     parser.add_argument("--compare-hf", action="store_true", help="add transformers bf16 and fp32, and llama-cpp when installed")

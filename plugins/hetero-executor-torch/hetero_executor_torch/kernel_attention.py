@@ -67,26 +67,36 @@ class KernelAttention:
         return AttentionInputs(slot_mapping, rows, [], [], no_prefills)
 
     def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
+        """The kernels take float32 queries; prefill chunks on the torch path stay in the query's dtype."""
         kernels, meta = self.kernels, inputs.kernel
-        q = query.float().contiguous()
-        out = torch.empty_like(q)
+        out = torch.empty_like(query)
         n = inputs.num_decodes
         caches = (_view(k_cache), _view(v_cache))
         if n:
-            kernels.paged_decode_attention(_view(out[:n]), _view(q[:n]), *caches, _view(meta.decode_tables), _view(meta.decode_lens), scale)
-        if q.shape[0] > n and self.torch_prefill:
-            prefill_attention(out, q, key.float(), value.float(), k_cache, v_cache, inputs, scale)
-        elif q.shape[0] > n:
+            q, attended = _float32_pair(query[:n])
+            kernels.paged_decode_attention(_view(attended), _view(q), *caches, _view(meta.decode_tables), _view(meta.decode_lens), scale)
+            out[:n] = attended
+        if query.shape[0] > n and self.torch_prefill:
+            prefill_attention(out, query, key, value, k_cache, v_cache, inputs, scale)
+        elif query.shape[0] > n:
+            q, attended = _float32_pair(query[n:])
             kernels.paged_prefill_attention(
-                _view(out[n:]),
-                _view(q[n:]),
+                _view(attended),
+                _view(q),
                 *caches,
                 _view(meta.prefill_tables),
                 _view(meta.prefill_query_start),
                 _view(meta.prefill_context_lens),
                 scale,
             )
-        return out.to(query.dtype)
+            out[n:] = attended
+        return out
+
+
+def _float32_pair(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``query`` as a contiguous float32 tensor, and an output of its shape for a kernel to fill."""
+    q = query.float().contiguous()
+    return q, torch.empty_like(q)
 
 
 class NumbaCpuAttention(KernelAttention):

@@ -141,12 +141,12 @@ class Int4Weights:
     """Groupwise int4 weights packed for torch's CPU kernel."""
 
     def __init__(self, weight: GroupQuantized, dtype: torch.dtype) -> None:
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
         zero = weight.minimum + 8 * weight.scale
         self.scales_and_zeros = torch.stack([weight.scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
 class SplitInt4Weights:
@@ -172,7 +172,7 @@ class Int8Weights:
         return self.weight.float() * self.scale.float()[:, None]
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scale)
+        return torch._weight_int8pack_mm(x, self.weight, self.scale)
 
 
 class PackedLinear(DenseLinear):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hetero_core.params import GenerationParams
 from hetero_core.config import EngineConfig
@@ -104,3 +105,11 @@ def test_graphs_are_refused_by_name_for_a_backend_without_them(tiny_model) -> No
     assert raised.value.param == "decode_graphs"
     executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", decode_graphs="auto", attention=CountingAttention(supports_graphs=False))
     assert not executor.uses_graphs
+
+
+def test_auto_picks_the_numba_kernel_on_the_cpu_and_torch_without_the_kernels(tiny_model, monkeypatch) -> None:
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="bfloat16")
+    assert executor.attention.name == "numba"
+    assert executor.kv_cache_dtype == torch.bfloat16  # read in place, not widened to float32
+    monkeypatch.setattr(attention_backend, "_kernels_installed", lambda: False)
+    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="bfloat16").attention.name == "torch"
