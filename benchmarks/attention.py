@@ -5,9 +5,10 @@
 SmolLM2's attention shape (9 heads, 3 KV heads, head size 64), block size 16,
 every sequence at the same context length, physical blocks shuffled.
 
-On the CPU (float32): the Numba CPU kernel and the torch path (index_select
-of the blocks, then scaled_dot_product_attention with a length mask), median
-wall time and the K/V bytes each kernel must read per second. On a CUDA GPU,
+On the CPU (float32 and bfloat16 caches): the Numba CPU kernel and the torch
+path (index_select of the blocks, widened to float32, then
+scaled_dot_product_attention with a length mask, as the torch backend runs
+it), median wall time and the K/V bytes each kernel must read per second. On a CUDA GPU,
 when present: the Numba CUDA decode kernel's achieved K/V read bandwidth
 (float16 and float32 caches) against the device's measured copy bandwidth.
 GPU times are averaged over back-to-back launches between CUDA events; at
@@ -56,10 +57,10 @@ def kv_bytes(batch: int, context: int, element_size: int) -> int:
 
 
 def torch_path(query, k_cache, v_cache, tables, lengths):
-    """Gather every sequence's blocks into contiguous K/V, then masked SDPA (grouped-query)."""
+    """Gather every sequence's blocks into contiguous float32 K/V, then masked SDPA (grouped-query)."""
     batch = query.shape[0]
-    keys = k_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2)
-    values = v_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2)
+    keys = k_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).float()
+    values = v_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).float()
     mask = (torch.arange(keys.shape[2], device=query.device)[None, :] < lengths[:, None])[:, None, None, :]
     return F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True).squeeze(2)
 
@@ -67,20 +68,24 @@ def torch_path(query, k_cache, v_cache, tables, lengths):
 def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
     from hetero_kernels import cpu
 
-    print(f"CPU, batch {batch}, float32, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
-    for context in contexts:
-        query, k_cache, v_cache, tables, lengths = problem(batch, context, "cpu")
-        out = np.zeros(query.shape, dtype=np.float32)
-        arrays = (query.numpy(), k_cache.numpy(), v_cache.numpy(), tables.numpy(), lengths.numpy())
-        numba_time = median_seconds(lambda: cpu.paged_decode_attention(out, *arrays, SCALE), repeats)
-        torch_time = median_seconds(lambda: torch_path(query, k_cache, v_cache, tables, lengths), repeats)
-        error = np.abs(out - torch_path(query, k_cache, v_cache, tables, lengths).numpy()).max()
-        size = kv_bytes(batch, context, 4)
-        print(
-            f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms ({size / numba_time / 1e9:5.1f} GB/s)"
-            f"   torch gather+SDPA {torch_time * 1e3:7.2f} ms ({size / torch_time / 1e9:5.1f} GB/s)"
-            f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
-        )
+    def raw(cache: torch.Tensor) -> np.ndarray:  # what the kernel reads: bfloat16 as its bits
+        return (cache.view(torch.uint16) if cache.dtype == torch.bfloat16 else cache).numpy()
+
+    for dtype in (torch.float32, torch.bfloat16):
+        print(f"CPU, batch {batch}, {dtype} cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
+        for context in contexts:
+            query, k_cache, v_cache, tables, lengths = problem(batch, context, "cpu", dtype)
+            out = np.zeros(query.shape, dtype=np.float32)
+            arrays = (query.numpy(), raw(k_cache), raw(v_cache), tables.numpy(), lengths.numpy())
+            numba_time = median_seconds(lambda: cpu.paged_decode_attention(out, *arrays, SCALE), repeats)
+            torch_time = median_seconds(lambda: torch_path(query, k_cache, v_cache, tables, lengths), repeats)
+            error = np.abs(out - torch_path(query, k_cache, v_cache, tables, lengths).numpy()).max()
+            size = kv_bytes(batch, context, k_cache.element_size())
+            print(
+                f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms ({size / numba_time / 1e9:5.1f} GB/s)"
+                f"   torch gather+SDPA {torch_time * 1e3:7.2f} ms ({size / torch_time / 1e9:5.1f} GB/s)"
+                f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
+            )
 
 
 def gpu_seconds(function, repeats: int) -> float:

@@ -75,9 +75,11 @@ def weight_bytes(model) -> int:
     """Bytes a batch-1 decode step reads: every linear layer's (packed ones: the packed tensors) and the head's."""
     import torch
 
+    def tensor_bytes(holder) -> int:  # the tensors a weight holder keeps, through nested holders (a split int8 head's halves)
+        return sum(v.nbytes if isinstance(v, torch.Tensor) else tensor_bytes(v) for v in vars(holder).values() if isinstance(v, torch.Tensor) or hasattr(v, "__dict__"))
+
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    held = [vars(getattr(linear, "packed", linear)).values() for linear in linears]
-    return sum(t.nbytes for tensors in held for t in tensors if isinstance(t, torch.Tensor))
+    return sum(tensor_bytes(getattr(linear, "packed", linear)) for linear in linears)
 
 
 def compile_times_ms(engine) -> dict:

@@ -33,6 +33,7 @@ from hetero_core.inbox import Inbox
 from hetero_core.logs import get_logger
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
+from hetero_core.model_source import one_parse_per_file
 from hetero_core.output_processor import OutputProcessor, completed_request
 from hetero_core.outputs import CompletedRequest, StreamDelta
 from hetero_core.params import GenerationParams
@@ -63,8 +64,9 @@ class InferenceEngine:
         self.config = config
         self.plugin_names = {point: registry.get(point, getattr(config, point).name).plugin for point in ENGINE_POINTS}
         self._registry = registry
-        self.tokenizer: Tokenizer = registry.create("tokenizer", config.tokenizer.name, config.tokenizer.options, config)
-        self.executor: Executor = registry.create("executor", config.executor.name, config.executor.options, config)
+        with one_parse_per_file():  # the tokenizer and the executor often read the same model file
+            self.tokenizer: Tokenizer = registry.create("tokenizer", config.tokenizer.name, config.tokenizer.options, config)
+            self.executor: Executor = registry.create("executor", config.executor.name, config.executor.options, config)
         try:
             self._start(registry)
         except BaseException:

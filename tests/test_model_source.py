@@ -1,4 +1,4 @@
-"""Finding the model: the embedded SmolLM2 by default, a clear way out when it is missing."""
+"""Finding the model: the embedded SmolLM2 by default, a clear way out when it is missing; each file parsed once per start."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from hetero_core import model_source
 from hetero_core.errors import ConfigError
-from hetero_core.model_source import resolve_model_path
+from hetero_core.model_source import one_parse_per_file, parse, resolve_model_path
 
 
 def test_the_embedded_model_is_found_without_importing_its_package() -> None:
@@ -36,3 +36,20 @@ def test_configured_paths_are_checked(tmp_path) -> None:
         resolve_model_path(str(tmp_path / "notes.txt"))
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model_path(str(tmp_path)) == tmp_path
+
+
+def test_one_parse_per_file_shares_a_reader_result_only_inside_the_block(tmp_path) -> None:
+    calls = []
+
+    def reader(path):
+        calls.append(path)
+        return object()
+
+    first, second = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    with one_parse_per_file():
+        assert parse(reader, first) is parse(reader, first)
+        with one_parse_per_file():  # nested: still the same results
+            assert parse(reader, first) is parse(reader, tmp_path / "." / "a.gguf")
+        parse(reader, second)
+    assert calls == [first, second]
+    assert parse(reader, first) is not parse(reader, first)  # outside: every call reads

@@ -1,8 +1,9 @@
 """Numba CPU paged attention, reading keys and values in place through the block tables.
 
-A work item is one (sequence or query token, KV head) pair: the query heads
-that share the KV head, over the positions the token sees. It reads each key
-and value row once for the whole group, in two passes: the scores of every
+A work item is one sequence (decode) or query token (prefill) with all its
+heads, over the positions it sees; below ``SPLIT_BELOW_TOKENS`` tokens (a
+batch-1 decode) it is split into one item per KV head, so both threads work.
+It reads each position's cache row once, in two passes: the scores of every
 position (kept in a scratch row per head, so the softmax needs no running
 rescale), then the weighted values. Everything accumulates in float32 with
 ``fastmath`` on, so LLVM vectorises the head-size loops; the sums are
@@ -29,6 +30,8 @@ from numba.extending import intrinsic, overload
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16, bfloat16_bits
 
 _OPTIONS = dict(fastmath=True, cache=True)
+NEGLIGIBLE = np.float32(-60.0)  # scores this far under a head's maximum get weight 0
+SPLIT_BELOW_TOKENS = 4
 
 
 @intrinsic
@@ -57,65 +60,81 @@ def _load_overload(row, d, table):
 
 
 @njit(**_OPTIONS)
-def _attend(out, query, row, k_cache, v_cache, table, num_positions, kv_head, scale, decode_table):
-    """Attention of ``query[row]``'s heads that share ``kv_head`` over positions ``[0, num_positions)``
-    of the sequence with block table ``table``; written to the same heads of ``out[row]``."""
-    block_size, kv_heads, head_size = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    group = query.shape[1] // kv_heads
-    first_head = kv_head * group
-    q = np.empty((group, head_size), dtype=np.float32)
-    for h in range(group):
+def _attend(out, query, row, k_cache, v_cache, table, num_positions, first_kv_head, num_kv_heads, scale, decode_table):
+    """Attention of ``query[row]``'s heads that read KV heads ``first_kv_head ..`` (``num_kv_heads`` of
+    them) over positions ``[0, num_positions)`` of the sequence with block table ``table``; written to
+    the same heads of ``out[row]``. With every KV head, each position's keys (then values) are one
+    contiguous row of the block, read once."""
+    block_size, head_size = k_cache.shape[1], k_cache.shape[3]
+    group = query.shape[1] // k_cache.shape[2]
+    heads, first_head = num_kv_heads * group, first_kv_head * group
+    q = np.empty((heads, head_size), dtype=np.float32)
+    for h in range(heads):
         for d in range(head_size):
             q[h, d] = query[row, first_head + h, d] * scale
-    scores = np.empty((group, num_positions), dtype=np.float32)
+    scores = np.empty((heads, num_positions), dtype=np.float32)
     for p in range(num_positions):
-        key = k_cache[table[p // block_size], p % block_size, kv_head]
-        for h in range(group):
+        keys = k_cache[table[p // block_size], p % block_size]
+        for h in range(heads):
+            key = keys[first_kv_head + h // group]
             total = np.float32(0.0)
             for d in range(head_size):
                 total += q[h, d] * _load(key, d, decode_table)
             scores[h, p] = total
-    sums = np.empty(group, dtype=np.float32)
-    for h in range(group):
+    sums = np.empty(heads, dtype=np.float32)
+    for h in range(heads):
         peak = scores[h, 0]
         for p in range(1, num_positions):
             peak = max(peak, scores[h, p])
         total = np.float32(0.0)
         for p in range(num_positions):
-            weight = np.exp(scores[h, p] - peak)
+            shifted = scores[h, p] - peak
+            # below NEGLIGIBLE a weight is under 1e-26 of the largest (1): nothing in float32, and its
+            # exp and products would be subnormal, which the CPU computes many times slower
+            weight = np.exp(shifted) if shifted > NEGLIGIBLE else np.float32(0.0)
             scores[h, p] = weight
             total += weight
         sums[h] = total
-    acc = np.zeros((group, head_size), dtype=np.float32)
+    acc = np.zeros((heads, head_size), dtype=np.float32)
     for p in range(num_positions):
-        value = v_cache[table[p // block_size], p % block_size, kv_head]
-        for h in range(group):
+        values = v_cache[table[p // block_size], p % block_size]
+        for h in range(heads):
+            value = values[first_kv_head + h // group]
             weight = scores[h, p]
             for d in range(head_size):
                 acc[h, d] += weight * _load(value, d, decode_table)
-    for h in range(group):
+    for h in range(heads):
         inverse = np.float32(1.0) / sums[h]
         for d in range(head_size):
             out[row, first_head + h, d] = acc[h, d] * inverse
 
 
+@njit(**_OPTIONS)
+def _parts_per_token(num_tokens, kv_heads):
+    """A token is one work item, all its KV heads at once (each cache row read whole, in order), unless
+    there are too few tokens to keep the threads busy: then one item per KV head."""
+    return kv_heads if num_tokens < SPLIT_BELOW_TOKENS else 1
+
+
 @njit(parallel=True, **_OPTIONS)
 def _decode(out, query, k_cache, v_cache, block_tables, context_lens, scale, decode_table):
-    kv_heads = k_cache.shape[2]
-    for item in prange(query.shape[0] * kv_heads):
-        b = item // kv_heads
-        _attend(out, query, b, k_cache, v_cache, block_tables[b], context_lens[b], item % kv_heads, scale, decode_table)
+    parts = _parts_per_token(query.shape[0], k_cache.shape[2])
+    per_part = k_cache.shape[2] // parts
+    for item in prange(query.shape[0] * parts):
+        b, part = item // parts, item % parts
+        _attend(out, query, b, k_cache, v_cache, block_tables[b], context_lens[b], part * per_part, per_part, scale, decode_table)
 
 
 @njit(parallel=True, **_OPTIONS)
 def _prefill(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table):
-    kv_heads = k_cache.shape[2]
-    for item in prange(query.shape[0] * kv_heads):
-        token = item // kv_heads
+    parts = _parts_per_token(query.shape[0], k_cache.shape[2])
+    per_part = k_cache.shape[2] // parts
+    for item in prange(query.shape[0] * parts):
+        token, part = item // parts, item % parts
         b = np.searchsorted(query_start_loc, token, side="right") - 1
         query_len = query_start_loc[b + 1] - query_start_loc[b]
         visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
-        _attend(out, query, token, k_cache, v_cache, block_tables[b], visible, item % kv_heads, scale, decode_table)
+        _attend(out, query, token, k_cache, v_cache, block_tables[b], visible, part * per_part, per_part, scale, decode_table)
 
 
 @njit(parallel=True, cache=True)

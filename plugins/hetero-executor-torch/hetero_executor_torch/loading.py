@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from hetero_core.errors import ConfigError
+from hetero_core.model_source import parse
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
 from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, SplitQuantized, Weight
 
@@ -148,7 +149,7 @@ def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
 def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
     """The model's config and an iterator of (Hugging Face name, float32 tensor or, with
     ``keep_quantized``, a Q4_0 / Q4_1 weight's :class:`GroupQuantized`, a Q8_0 weight's :class:`SplitQuantized`)."""
-    reader = gguf.GGUFReader(path)
+    reader = parse(gguf.GGUFReader, path)
     config = gguf_config(reader, path)
     arch = _field(reader, "general.architecture")
 

@@ -16,6 +16,7 @@ import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hetero_core.errors import ConfigError
+from hetero_core.model_source import parse
 from hetero_tokenizer_hf.spec import TokenizerSpec, install_bos_eos
 
 GPT2_SPLIT = None  # ByteLevel's own GPT-2 regex
@@ -60,7 +61,7 @@ class GGUFMetadata:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._reader = gguf.GGUFReader(path)
+            self._reader = parse(gguf.GGUFReader, path)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read GGUF file {str(path)!r}: {exc}", param="tokenizer") from exc
 
