@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = resolve_model_path(args.model)
-    config = EngineConfig(model=str(model), executor={"name": "torch", "dtype": "float32", "weights": "dense"}, max_model_len=1024, block_size=BLOCK)
+    config = EngineConfig(model=str(model), executor={"name": "torch", "dtype": "float32", "weights": "dense", "attention": "torch"}, max_model_len=1024, block_size=BLOCK)
     engine = InferenceEngine(config)
     samples = reference_answers(engine, args.new_tokens)
     with torch.inference_mode():
