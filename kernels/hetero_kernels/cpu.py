@@ -27,7 +27,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16, bfloat16_bits
+from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
 NEGLIGIBLE = np.float32(-60.0)  # scores this far under a head's maximum get weight 0
@@ -158,12 +158,10 @@ def _cache_view(cache: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped);
-    into a bfloat16 cache (``uint16`` bits) float32 keys and values are rounded to nearest."""
+    a bfloat16 cache (``uint16`` bits) takes them as bits too."""
     if k_cache.dtype == np.float16:
         key, value = key.astype(np.float16, copy=False).view(np.uint16), value.astype(np.float16, copy=False).view(np.uint16)
         k_cache, v_cache = k_cache.view(np.uint16), v_cache.view(np.uint16)
-    elif k_cache.dtype == np.uint16 and key.dtype != np.uint16:
-        key, value = bfloat16_bits(key), bfloat16_bits(value)
     _copy_rows(key, value, k_cache, v_cache, slot_mapping)
 
 
