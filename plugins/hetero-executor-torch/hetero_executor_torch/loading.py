@@ -66,6 +66,11 @@ def unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+def _f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The f16 stored at byte ``offset`` of every block (rows of raw bytes), as float32."""
+    return blocks[:, offset : offset + 2].copy().view(np.float16).astype(np.float32)
+
+
 def q4_groups(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> GroupQuantized:
     """A Q4_0 / Q4_1 tensor's raw blocks ([rows, bytes per row]) as 4-bit values, scales and minimums.
 
@@ -76,8 +81,8 @@ def q4_groups(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> GroupQuantiz
     header = 4 if kind == gguf.GGMLQuantizationType.Q4_1 else 2
     rows = data.shape[0]
     blocks = data.reshape(-1, header + GROUP_SIZE // 2)
-    scale = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)
-    minimum = blocks[:, 2:4].copy().view(np.float16).astype(np.float32) if header == 4 else -8 * scale
+    scale = _f16_field(blocks, 0)
+    minimum = _f16_field(blocks, 2) if header == 4 else -8 * scale
     nibbles = blocks[:, header:]
     q = np.concatenate([nibbles & 15, nibbles >> 4], axis=1).reshape(rows, -1)
     return GroupQuantized(torch.from_numpy(q), torch.from_numpy(scale.reshape(rows, -1)), torch.from_numpy(minimum.reshape(rows, -1)))
@@ -87,7 +92,7 @@ def q8_groups(data: np.ndarray) -> SplitQuantized:
     """A Q8_0 tensor's raw blocks ([rows, bytes per row]): an f16 scale d, then 32 int8 values q; w = d * q."""
     rows = data.shape[0]
     blocks = data.reshape(-1, 2 + GROUP_SIZE)
-    scale = blocks[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
+    scale = _f16_field(blocks, 0).reshape(rows, -1)
     q = blocks[:, 2:].copy().view(np.int8).reshape(rows, -1)
     return SplitQuantized.from_q8(torch.from_numpy(q), torch.from_numpy(scale))
 
