@@ -63,15 +63,28 @@ def _load_overload(row, d, table):
 def _attend(out, query, row, k_cache, v_cache, table, num_positions, first_kv_head, num_kv_heads, scale, decode_table):
     """Attention of ``query[row]``'s heads that read KV heads ``first_kv_head ..`` (``num_kv_heads`` of
     them) over positions ``[0, num_positions)`` of the sequence with block table ``table``; written to
-    the same heads of ``out[row]``. With every KV head, each position's keys (then values) are one
-    contiguous row of the block, read once."""
-    block_size, head_size = k_cache.shape[1], k_cache.shape[3]
+    the same heads of ``out[row]``."""
+    head_size = k_cache.shape[3]
     group = query.shape[1] // k_cache.shape[2]
-    heads, first_head = num_kv_heads * group, first_kv_head * group
-    q = np.empty((heads, head_size), dtype=np.float32)
-    for h in range(heads):
+    first_head = first_kv_head * group
+    q = np.empty((num_kv_heads * group, head_size), dtype=np.float32)
+    for h in range(q.shape[0]):
         for d in range(head_size):
             q[h, d] = query[row, first_head + h, d] * scale
+    attended = attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table)
+    for h in range(q.shape[0]):
+        for d in range(head_size):
+            out[row, first_head + h, d] = attended[h, d]
+
+
+@njit(**_OPTIONS)
+def attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table):
+    """Attention ``[heads, head_size]`` (float32) of the scaled query heads ``q`` (float32 ``[heads,
+    head_size]``, ``group`` of them per KV head, reading KV heads ``first_kv_head ..``) over positions
+    ``[0, num_positions)`` of the sequence with block table ``table``. With every KV head, each
+    position's keys (then values) are one contiguous row of the block, read once."""
+    block_size, head_size = k_cache.shape[1], k_cache.shape[3]
+    heads = q.shape[0]
     scores = np.empty((heads, num_positions), dtype=np.float32)
     for p in range(num_positions):
         keys = k_cache[table[p // block_size], p % block_size]
@@ -106,7 +119,8 @@ def _attend(out, query, row, k_cache, v_cache, table, num_positions, first_kv_he
     for h in range(heads):
         inverse = np.float32(1.0) / sums[h]
         for d in range(head_size):
-            out[row, first_head + h, d] = acc[h, d] * inverse
+            acc[h, d] *= inverse
+    return acc
 
 
 @njit(**_OPTIONS)

@@ -16,9 +16,10 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
 from hetero_core.step_layout import StepLayout, layout
-from hetero_executor_torch import attention_backend
+from hetero_executor_torch import attention_backend, fused_decode
 from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCapture, DecodeGraphs, GraphCaptureError
+from hetero_executor_torch.kernel_attention import NumbaCpuAttention
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.prompt_scoring import score_prompts
@@ -87,7 +88,9 @@ class TorchExecutor:
         ``torch``), ``torch`` (gather blocks, then scaled-dot-product
         attention), on the CPU ``numba`` (decodes run the Numba CPU kernel,
         which reads the paged cache in place, float32 or bf16; prefill chunks
-        take the torch path), a name registered in the
+        take the torch path; in float32 or bf16 with the cache in the same
+        dtype, decode-only steps run every layer's norms, RoPE, cache writes,
+        attention and SwiGLU product as fused Numba kernels), a name registered in the
         ``hetero_infer.attention`` entry points, or an
         :class:`AttentionBackend` object.
     :param weights: how linear weights are held: ``auto`` (the default: on
@@ -127,7 +130,8 @@ class TorchExecutor:
         path = resolve_model_path(config.model)
         model_config, tensors = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, self.attention.attend, self.weight_format)
+            fused = isinstance(self.attention, NumbaCpuAttention) and fused_decode.serves(self.dtype, self.kv_cache_dtype, self.device)
+            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, self.attention.attend, self.weight_format, fused)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)

@@ -1,0 +1,107 @@
+"""The fused decode kernels against numpy in float64: RoPE, cache writes and attention, norms, SwiGLU.
+
+That bfloat16 activations round where torch's ops round is checked against
+torch itself, in the torch executor's tests (``test_fused_decode.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetero_kernels import cpu_decode, reference
+from hetero_kernels.dtypes import bfloat16_bits, widen
+from paged_problems import BFLOAT16, Problem, problems
+
+EVEN_HEAD_SIZES = (2, 4, 8, 16, 64)  # rotate-half RoPE pairs the two halves of a head
+
+
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate-half RoPE of heads ``x`` [B, heads, D] with ``cos``/``sin`` [B, D], in float64."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+def step_of(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A decode step for ``problem``: fused q/k/v rows, the RoPE tables of each sequence's last position,
+    and the slots of those positions (where the new keys and values go)."""
+    rng = np.random.default_rng(problem.seed + 2)
+    batch, heads, head_size = problem.query.shape
+    kv_heads, block_size = problem.k_cache.shape[2], problem.k_cache.shape[1]
+    qkv = rng.standard_normal((batch, (heads + 2 * kv_heads) * head_size)).astype(np.float32)
+    last = problem.context_lens - 1
+    angles = last[:, None] * (1e4 ** -(np.arange(head_size // 2) / (head_size // 2)))[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    slots = (problem.block_tables[np.arange(batch), last // block_size] * block_size + last % block_size).astype(np.int64)
+    return qkv, np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), slots
+
+
+def expected_step(problem: Problem, qkv, cos, sin, slots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    batch, heads, head_size = problem.query.shape
+    kv_heads = problem.k_cache.shape[2]
+    parts = qkv.astype(np.float64).reshape(batch, heads + 2 * kv_heads, head_size)
+    query = rotate(parts[:, :heads], cos, sin)
+    key = rotate(parts[:, heads : heads + kv_heads], cos, sin)
+    k_cache, v_cache = widen(problem.k_cache), widen(problem.v_cache)
+    reference.write_kv(key, parts[:, heads + kv_heads :], k_cache, v_cache, slots)
+    out = np.zeros_like(query)
+    reference.paged_decode_attention(out, query, k_cache, v_cache, problem.block_tables, problem.context_lens, problem.scale)
+    return out, k_cache, v_cache
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(cache_dtypes=(np.float32,), head_sizes=EVEN_HEAD_SIZES))
+def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) -> None:
+    qkv, cos, sin, slots = step_of(problem)
+    expected, k_expected, v_expected = expected_step(problem, qkv, cos, sin, slots)
+    out = np.zeros(problem.query.shape, dtype=np.float32)
+    cpu_decode.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
+    np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(problem.k_cache, k_expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(problem.v_cache, v_expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(cache_dtypes=(BFLOAT16,), head_sizes=EVEN_HEAD_SIZES))
+def test_rotary_decode_attention_in_bfloat16(problem: Problem) -> None:
+    """Activations and cache as bfloat16 bits: within bfloat16's rounding of the float64 result."""
+    qkv, cos, sin, slots = step_of(problem)
+    qkv, cos, sin = bfloat16_bits(qkv), bfloat16_bits(cos), bfloat16_bits(sin)
+    expected, k_expected, v_expected = expected_step(problem, widen(qkv), widen(cos), widen(sin), slots)
+    out = np.zeros(problem.query.shape, dtype=np.uint16)
+    cpu_decode.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
+    # RoPE rounds three times to bfloat16 (2**-8 relative each), attention once more
+    np.testing.assert_allclose(widen(problem.k_cache), k_expected, atol=1e-2, rtol=2e-2)
+    np.testing.assert_allclose(widen(out), expected, atol=5e-2, rtol=5e-2)
+    np.testing.assert_array_equal(widen(problem.v_cache), v_expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.sampled_from([1, 8, 64, 576]), st.integers(0, 2**31 - 1), st.booleans())
+def test_add_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat16: bool) -> None:
+    rng = np.random.default_rng(seed)
+    hidden = rng.standard_normal((rows, size)).astype(np.float32) * 3
+    delta = rng.standard_normal((rows, size)).astype(np.float32)
+    weight = rng.standard_normal(size).astype(np.float32)
+    delta_in = bfloat16_bits(delta) if bfloat16 else delta
+    total = hidden.astype(np.float64) + widen(delta_in)
+    expected = total / np.sqrt((total**2).mean(-1, keepdims=True) + 1e-5) * weight
+    out = np.empty((rows, size), dtype=np.uint16 if bfloat16 else np.float32)
+    cpu_decode.add_rms_norm(hidden, delta_in, weight, 1e-5, out)
+    np.testing.assert_allclose(hidden, total, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
+    cpu_decode.rms_norm(hidden, weight, 1e-5, out)
+    np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 5), st.sampled_from([1, 7, 96, 1536]), st.integers(0, 2**31 - 1))
+def test_silu_mul_matches_reference(rows: int, size: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    gate_up = (rng.standard_normal((rows, 2 * size)) * 4).astype(np.float32)
+    gate, up = gate_up[:, :size].astype(np.float64), gate_up[:, size:].astype(np.float64)
+    out = np.empty((rows, size), dtype=np.float32)
+    cpu_decode.silu_mul(gate_up, out)
+    np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-6)

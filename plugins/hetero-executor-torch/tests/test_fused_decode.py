@@ -1,0 +1,102 @@
+"""Fused decode steps (``attention: numba`` on the CPU) compute what the torch ops compute, rounding where they round."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hetero_core.batch import ExecutionBatch, ScheduledSequence
+from hetero_core.config import EngineConfig
+from hetero_core.params import GenerationParams
+from hetero_core.step_layout import layout
+from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.model import LlamaModel
+
+cpu_decode = pytest.importorskip("hetero_kernels.cpu_decode", reason="hetero_kernels not installed")
+
+BLOCK_SIZE = 4
+GREEDY = GenerationParams(temperature=0.0, max_tokens=4)
+
+
+def bits(tensor: torch.Tensor):
+    return tensor.view(torch.uint16).numpy()
+
+
+def test_bfloat16_rope_and_cache_writes_round_as_the_torch_ops() -> None:
+    """Keys land in the cache exactly as the model's bf16 RoPE computes them; with one position to
+    attend to, attention returns the value itself."""
+    torch.manual_seed(0)
+    batch, heads, kv_heads, head_size = 6, 4, 2, 64
+    qkv = (torch.randn(batch, (heads + 2 * kv_heads) * head_size) * 3).bfloat16()
+    angles = torch.rand(batch, head_size // 2) * 100
+    cos, sin = (f(torch.cat([angles, angles], dim=-1)).bfloat16() for f in (torch.cos, torch.sin))
+    k_cache = torch.zeros(batch, BLOCK_SIZE, kv_heads, head_size, dtype=torch.bfloat16)
+    v_cache = torch.zeros_like(k_cache)
+    tables = torch.arange(batch, dtype=torch.int32)[:, None]
+    slots = tables[:, 0].long() * BLOCK_SIZE
+    out = torch.empty(batch, heads, head_size, dtype=torch.bfloat16)
+    cpu_decode.rotary_decode_attention(
+        bits(out), bits(qkv), bits(cos), bits(sin), bits(k_cache), bits(v_cache), slots.numpy(), tables.numpy(), torch.ones(batch, dtype=torch.int32).numpy(), heads, 0.125
+    )
+    parts = qkv.view(batch, heads + 2 * kv_heads, head_size)
+    keys = LlamaModel.rotate(parts[:, heads : heads + kv_heads], cos[:, None], sin[:, None])
+    values = parts[:, heads + kv_heads :]
+    assert torch.equal(k_cache[:, 0], keys)
+    assert torch.equal(v_cache[:, 0], values)
+    assert torch.equal(out, values.repeat_interleave(heads // kv_heads, dim=1))
+
+
+def test_bfloat16_swiglu_product_rounds_as_the_torch_ops() -> None:
+    torch.manual_seed(1)
+    gate_up = (torch.randn(64, 2 * 1536) * 4).bfloat16()
+    gate, up = gate_up.chunk(2, dim=-1)
+    out = torch.empty(64, 1536, dtype=torch.bfloat16)
+    cpu_decode.silu_mul(bits(gate_up), bits(out))
+    assert torch.equal(out, F.silu(gate) * up)
+
+
+def test_bfloat16_norm_is_within_one_rounding_of_the_torch_op() -> None:
+    """The mean of squares is summed in another order, which can move a result across a rounding boundary."""
+    torch.manual_seed(2)
+    hidden, delta, weight = torch.randn(64, 576) * 3, torch.randn(64, 576).bfloat16(), torch.randn(576)
+    expected = F.rms_norm(hidden + delta, (576,), weight, 1e-5).to(torch.bfloat16)
+    stream, out = hidden.clone(), torch.empty(64, 576, dtype=torch.bfloat16)
+    cpu_decode.add_rms_norm(stream.numpy(), bits(delta), weight.numpy(), 1e-5, bits(out))
+    assert torch.equal(stream, hidden + delta)
+    apart = (out.view(torch.int16).int() - expected.view(torch.int16).int()).abs()
+    assert apart.max() <= 1 and (apart > 0).float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decode_step_matches_the_torch_ops(tiny_model, dtype) -> None:
+    """The same executor and cache, the decode step run fused and through the torch ops."""
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, attention="numba")
+    assert executor.model.fused_decode is not None
+    executor.initialize_cache(64, BLOCK_SIZE)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(259) for _ in range(length)] for length in (1, 7, 13)]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    for i, prompt in enumerate(prompts):
+        executor.execute(ExecutionBatch([ScheduledSequence(i, prompt, 0, tables[i], True, GREEDY, prompt, len(prompt), None)], BLOCK_SIZE))
+    decodes = [ScheduledSequence(i, [5 + i], len(p), tables[i], True, GREEDY, [*p, 5 + i], len(p) + 1, None) for i, p in enumerate(prompts)]
+    with torch.inference_mode():
+        input_ids, positions, attention, kv_caches, _ = executor.model_inputs(layout(ExecutionBatch(decodes, BLOCK_SIZE)))
+        fused = executor.model.hidden_states(input_ids, positions, attention, kv_caches)
+        fused_caches = [(k.clone(), v.clone()) for k, v in kv_caches]
+        executor.model.fused_decode = None
+        plain = executor.model.hidden_states(input_ids, positions, attention, kv_caches)
+    tolerance = dict(atol=1e-6, rtol=1e-4) if dtype == "float32" else dict(atol=1e-3, rtol=1e-2)  # hidden states of order 0.1
+    torch.testing.assert_close(fused, plain, **tolerance)
+    for (k_fused, v_fused), (k_plain, v_plain) in zip(fused_caches, kv_caches):
+        torch.testing.assert_close(k_fused.float(), k_plain.float(), **tolerance)
+        torch.testing.assert_close(v_fused.float(), v_plain.float(), **tolerance)
+
+
+@pytest.mark.parametrize("dtype, kv_cache_dtype, fused", [("bfloat16", "auto", True), ("float32", "auto", True), ("float32", "bfloat16", False)])
+def test_fused_steps_need_the_cache_in_the_model_dtype(tiny_model, dtype, kv_cache_dtype, fused) -> None:
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="numba")
+    assert (executor.model.fused_decode is not None) == fused
+    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="torch").model.fused_decode is None
