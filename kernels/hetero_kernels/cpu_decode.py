@@ -2,22 +2,21 @@
 
 At batch 1 a decoder layer's norms, RoPE, cache writes and attention are
 two dozen torch ops on a few hundred numbers each, and their dispatch costs
-more than their arithmetic. Here each stretch between two matmuls is one
-call:
+more than their arithmetic. Here the norms (with the residual add before
+them) and the attention sublayer between the q/k/v and output projections
+are one call each:
 
 - :func:`rms_norm` and :func:`add_rms_norm`: the float32 residual stream
   (plus a sublayer's output, added in place) through RMSNorm, into the
   compute dtype;
-- :func:`silu_mul`: SwiGLU's ``silu(gate) * up`` from the fused gate/up
-  projection;
 - :func:`rotary_decode_attention`: from the fused q/k/v projection of one
   token per sequence, rotate-half RoPE on q and k, k and v written to their
   cache slots, then paged attention over each sequence's context.
 
 Activations are float32 or bfloat16 (passed as raw bits, ``uint16``, see
 :mod:`hetero_kernels.dtypes`); in bfloat16 every elementwise op rounds to
-bfloat16 where torch's op would (RoPE's products and sum, SiLU, the
-product), so the results match torch's op by op. The reductions (RMSNorm's
+bfloat16 where torch's ops would (RoPE's products and their sum), so the
+results match torch's op by op. The reductions (RMSNorm's
 mean of squares, attention) accumulate in float32, reassociated. The cache
 is in the activations' dtype.
 """
@@ -118,18 +117,6 @@ def add_rms_norm(hidden, delta, weight, eps, out):
         for i in range(hidden.shape[1]):
             hidden[t, i] += _get(delta[t], i)
     _normalize(hidden, weight, np.float32(eps), out)
-
-
-@njit(**_OPTIONS)
-def silu_mul(gate_up, out):
-    """``out = silu(gate) * up`` for ``gate_up`` ``[T, 2 * I]`` (gate, then up) and ``out`` ``[T, I]``."""
-    size = out.shape[1]
-    for t in range(out.shape[0]):
-        row = gate_up[t]
-        for i in range(size):
-            gate = _get(row, i)
-            silu = _rounded(gate / (np.float32(1.0) + np.exp(-gate)), out)
-            _put(out[t], i, silu * _get(row, size + i))
 
 
 @njit(**_OPTIONS)

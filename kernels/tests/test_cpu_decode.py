@@ -1,4 +1,4 @@
-"""The fused decode kernels against numpy in float64: RoPE, cache writes and attention, norms, SwiGLU.
+"""The fused decode kernels against numpy in float64: RoPE, cache writes and attention, norms.
 
 That bfloat16 activations round where torch's ops round is checked against
 torch itself, in the torch executor's tests (``test_fused_decode.py``).
@@ -94,14 +94,3 @@ def test_add_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat1
     np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
     cpu_decode.rms_norm(hidden, weight, 1e-5, out)
     np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.integers(1, 5), st.sampled_from([1, 7, 96, 1536]), st.integers(0, 2**31 - 1))
-def test_silu_mul_matches_reference(rows: int, size: int, seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    gate_up = (rng.standard_normal((rows, 2 * size)) * 4).astype(np.float32)
-    gate, up = gate_up[:, :size].astype(np.float64), gate_up[:, size:].astype(np.float64)
-    out = np.empty((rows, size), dtype=np.float32)
-    cpu_decode.silu_mul(gate_up, out)
-    np.testing.assert_allclose(out, gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-6)

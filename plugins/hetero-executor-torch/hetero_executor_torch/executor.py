@@ -89,8 +89,8 @@ class TorchExecutor:
         attention), on the CPU ``numba`` (decodes run the Numba CPU kernel,
         which reads the paged cache in place, float32 or bf16; prefill chunks
         take the torch path; in float32 or bf16 with the cache in the same
-        dtype, decode-only steps run every layer's norms, RoPE, cache writes,
-        attention and SwiGLU product as fused Numba kernels), a name registered in the
+        dtype, decode-only steps run every layer's norms, RoPE, cache writes and
+        attention as fused Numba kernels), a name registered in the
         ``hetero_infer.attention`` entry points, or an
         :class:`AttentionBackend` object.
     :param weights: how linear weights are held: ``auto`` (the default: on

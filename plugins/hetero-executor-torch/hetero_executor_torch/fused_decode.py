@@ -3,8 +3,8 @@
 The ``numba`` attention backend brings them. A decode step computes the
 same function as :meth:`LlamaModel.hidden_states
 <hetero_executor_torch.model.LlamaModel.hidden_states>`, op for op in the
-same roundings (the reductions reassociated), with four kernel calls per
-layer where the torch ops are about twenty-five: at batch 1 their dispatch
+same roundings (the reductions reassociated), with three kernel calls per
+layer where the torch ops were about twenty: at batch 1 their dispatch
 costs more than their arithmetic (figures in ``benchmarks/README.md``).
 Steps with prefill chunks take the torch ops.
 """
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hetero_executor_torch.attention import AttentionInputs
 
@@ -45,6 +46,8 @@ class FusedDecode:
         self.eps = np.float32(model.config.rms_norm_eps)
         self.input_norms = [layer.input_norm.numpy() for layer in model.layers]
         self.post_norms = [layer.post_norm.numpy() for layer in model.layers]
+        self._caches: list[Any] | None = None
+        self._arrays: list[tuple[np.ndarray, np.ndarray]] = []
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]) -> torch.Tensor:
         """The residual stream after the last layer, [B, hidden] float32, for one decode token per sequence."""
@@ -55,24 +58,27 @@ class FusedDecode:
         tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
         hidden = model.embedding.embed(input_ids).float()
         stream = hidden.numpy()
+        # each layer's inputs to its matmuls, overwritten layer after layer
         x = torch.empty(rows, config.hidden_size, dtype=dtype)
-        kernels.rms_norm(stream, self.input_norms[0], self.eps, _array(x))
+        attended = torch.empty(rows, config.num_heads, config.head_size, dtype=dtype)
+        x_out, attended_out = _array(x), _array(attended)
+        kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
         last = len(model.layers) - 1
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
-            attended = torch.empty(rows, config.num_heads, config.head_size, dtype=dtype)
-            qkv = layer.qkv(x)
-            kernels.rotary_decode_attention(
-                _array(attended), _array(qkv), cos, sin, _array(k_cache), _array(v_cache), *tables, config.num_heads, model.scale
-            )
-            x = torch.empty(rows, config.hidden_size, dtype=dtype)
-            kernels.add_rms_norm(stream, _array(layer.o_proj(attended.view(rows, -1))), self.post_norms[i], self.eps, _array(x))
-            gate_up = layer.gate_up(x)
-            product = torch.empty(rows, gate_up.shape[1] // 2, dtype=dtype)
-            kernels.silu_mul(_array(gate_up), _array(product))
-            down = layer.down(product)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, self._cache_arrays(kv_caches))):
+            kernels.rotary_decode_attention(attended_out, _array(layer.qkv(x)), cos, sin, k_cache, v_cache, *tables, config.num_heads, model.scale)
+            kernels.add_rms_norm(stream, _array(layer.o_proj(attended.view(rows, -1))), self.post_norms[i], self.eps, x_out)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            down = layer.down(F.silu(gate) * up)
             if i == last:
                 hidden += down
             else:
-                x = torch.empty(rows, config.hidden_size, dtype=dtype)
-                kernels.add_rms_norm(stream, _array(down), self.input_norms[i + 1], self.eps, _array(x))
+                kernels.add_rms_norm(stream, _array(down), self.input_norms[i + 1], self.eps, x_out)
         return hidden
+
+    def _cache_arrays(self, kv_caches: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The layers' caches as arrays, made again only when the executor hands over other caches
+        (holding the list keeps its tensors, and so the arrays' memory, alive)."""
+        if kv_caches is not self._caches:
+            self._caches = kv_caches
+            self._arrays = [(_array(k), _array(v)) for k, v in kv_caches]
+        return self._arrays
