@@ -85,37 +85,42 @@ def attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head
     position's keys (then values) are one contiguous row of the block, read once."""
     block_size, head_size = k_cache.shape[1], k_cache.shape[3]
     heads = q.shape[0]
+    num_blocks = (num_positions + block_size - 1) // block_size  # walked block by block: no division per position
     scores = np.empty((heads, num_positions), dtype=np.float32)
-    for p in range(num_positions):
-        keys = k_cache[table[p // block_size], p % block_size]
-        for h in range(heads):
-            key = keys[first_kv_head + h // group]
-            total = np.float32(0.0)
-            for d in range(head_size):
-                total += q[h, d] * _load(key, d, decode_table)
-            scores[h, p] = total
+    for b in range(num_blocks):
+        block, first = k_cache[table[b]], b * block_size
+        for offset in range(min(block_size, num_positions - first)):
+            keys = block[offset]
+            for h in range(heads):
+                key = keys[first_kv_head + h // group]
+                total = np.float32(0.0)
+                for d in range(head_size):
+                    total += q[h, d] * _load(key, d, decode_table)
+                scores[h, first + offset] = total
     sums = np.empty(heads, dtype=np.float32)
     for h in range(heads):
-        peak = scores[h, 0]
+        row = scores[h]
+        peak = row[0]
         for p in range(1, num_positions):
-            peak = max(peak, scores[h, p])
+            peak = max(peak, row[p])
         total = np.float32(0.0)
         for p in range(num_positions):
-            shifted = scores[h, p] - peak
+            shifted = row[p] - peak
             # below NEGLIGIBLE a weight is under 1e-26 of the largest (1): nothing in float32, and its
             # exp and products would be subnormal, which the CPU computes many times slower
             weight = np.exp(shifted) if shifted > NEGLIGIBLE else np.float32(0.0)
-            scores[h, p] = weight
+            row[p] = weight
             total += weight
         sums[h] = total
     acc = np.zeros((heads, head_size), dtype=np.float32)
-    for p in range(num_positions):
-        values = v_cache[table[p // block_size], p % block_size]
-        for h in range(heads):
-            value = values[first_kv_head + h // group]
-            weight = scores[h, p]
-            for d in range(head_size):
-                acc[h, d] += weight * _load(value, d, decode_table)
+    for b in range(num_blocks):
+        block, first = v_cache[table[b]], b * block_size
+        for offset in range(min(block_size, num_positions - first)):
+            values = block[offset]
+            for h in range(heads):
+                value, weight, out = values[first_kv_head + h // group], scores[h, first + offset], acc[h]
+                for d in range(head_size):
+                    out[d] += weight * _load(value, d, decode_table)
     for h in range(heads):
         inverse = np.float32(1.0) / sums[h]
         for d in range(head_size):

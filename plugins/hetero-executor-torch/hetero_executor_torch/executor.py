@@ -16,7 +16,7 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import ModelInfo
 from hetero_core.step_layout import StepLayout, layout
-from hetero_executor_torch import attention_backend, fused_decode
+from hetero_executor_torch import attention_backend, fused_layers
 from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCapture, DecodeGraphs, GraphCaptureError
 from hetero_executor_torch.kernel_attention import NumbaCpuAttention
@@ -89,8 +89,8 @@ class TorchExecutor:
         attention), on the CPU ``numba`` (decodes run the Numba CPU kernel,
         which reads the paged cache in place, float32 or bf16; prefill chunks
         take the torch path; in float32 or bf16 with the cache in the same
-        dtype, decode-only steps run every layer's norms, RoPE, cache writes and
-        attention as fused Numba kernels), a name registered in the
+        dtype, every layer's norms, RoPE and cache writes, and a decode-only
+        step's attention, run as fused Numba kernels), a name registered in the
         ``hetero_infer.attention`` entry points, or an
         :class:`AttentionBackend` object.
     :param weights: how linear weights are held: ``auto`` (the default: on
@@ -130,7 +130,7 @@ class TorchExecutor:
         path = resolve_model_path(config.model)
         model_config, tensors = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            fused = isinstance(self.attention, NumbaCpuAttention) and fused_decode.serves(self.dtype, self.kv_cache_dtype, self.device)
+            fused = isinstance(self.attention, NumbaCpuAttention) and fused_layers.serves(self.dtype, self.kv_cache_dtype, self.device)
             self.model = LlamaModel(model_config, tensors, self.dtype, self.device, self.attention.attend, self.weight_format, fused)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)

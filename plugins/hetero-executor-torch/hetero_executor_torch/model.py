@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
-from hetero_executor_torch.fused_decode import FusedDecode
+from hetero_executor_torch.fused_layers import FusedLayers
 from hetero_executor_torch.model_config import ModelConfig
 from hetero_executor_torch.quantized import Linear, Weight, concat, make_linear
 
@@ -62,7 +62,7 @@ class LlamaModel:
         device: torch.device,
         attention: Callable[..., torch.Tensor] = paged_attention,
         weight_format: str = "dense",
-        fused_decode: bool = False,
+        fused: bool = False,
     ) -> None:
         self.config = config
         self.attention = attention
@@ -94,7 +94,7 @@ class LlamaModel:
         self.kv_size = config.num_kv_heads * config.head_size
         self.scale = config.head_size**-0.5
         self.inv_freq = rope_inverse_frequencies(config).to(device)
-        self.fused_decode = FusedDecode(self) if fused_decode else None
+        self.fused = FusedLayers(self) if fused else None
 
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, [T, 1, head_size], in the compute dtype."""
@@ -147,11 +147,11 @@ class LlamaModel:
         float32 model to transformers bf16's (``benchmarks/quality.py``; figures
         in ``benchmarks/README.md``).
 
-        With ``fused_decode``, decode-only steps run the same function
-        through fused CPU kernels (:mod:`hetero_executor_torch.fused_decode`).
+        With ``fused``, the same function runs through fused CPU kernels
+        (:mod:`hetero_executor_torch.fused_layers`).
         """
-        if self.fused_decode is not None and attention.num_decodes == input_ids.shape[0]:
-            return self.fused_decode.hidden_states(input_ids, positions, attention, kv_caches)
+        if self.fused is not None:
+            return self.fused.hidden_states(input_ids, positions, attention, kv_caches)
         config = self.config
         cos, sin = self.rope_tables(positions)
         hidden = self.embedding.embed(input_ids).float()

@@ -1,7 +1,7 @@
-"""The fused decode kernels against numpy in float64: RoPE, cache writes and attention, norms.
+"""The fused layer kernels against numpy in float64: RoPE, cache writes and attention, norms.
 
 That bfloat16 activations round where torch's ops round is checked against
-torch itself, in the torch executor's tests (``test_fused_decode.py``).
+torch itself, in the torch executor's tests (``test_fused_layers.py``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_kernels import cpu_decode, reference
+from hetero_kernels import cpu_fused, reference
 from hetero_kernels.dtypes import bfloat16_bits, widen
 from paged_problems import BFLOAT16, Problem, problems
 
@@ -57,7 +57,7 @@ def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) 
     qkv, cos, sin, slots = step_of(problem)
     expected, k_expected, v_expected = expected_step(problem, qkv, cos, sin, slots)
     out = np.zeros(problem.query.shape, dtype=np.float32)
-    cpu_decode.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
+    cpu_fused.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(problem.k_cache, k_expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(problem.v_cache, v_expected)
@@ -71,7 +71,7 @@ def test_rotary_decode_attention_in_bfloat16(problem: Problem) -> None:
     qkv, cos, sin = bfloat16_bits(qkv), bfloat16_bits(cos), bfloat16_bits(sin)
     expected, k_expected, v_expected = expected_step(problem, widen(qkv), widen(cos), widen(sin), slots)
     out = np.zeros(problem.query.shape, dtype=np.uint16)
-    cpu_decode.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
+    cpu_fused.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
     # RoPE rounds three times to bfloat16 (2**-8 relative each), attention once more
     np.testing.assert_allclose(widen(problem.k_cache), k_expected, atol=1e-2, rtol=2e-2)
     np.testing.assert_allclose(widen(out), expected, atol=5e-2, rtol=5e-2)
@@ -79,8 +79,8 @@ def test_rotary_decode_attention_in_bfloat16(problem: Problem) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.integers(1, 5), st.sampled_from([1, 8, 64, 576]), st.integers(0, 2**31 - 1), st.booleans())
-def test_add_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat16: bool) -> None:
+@given(st.sampled_from([1, 3, 40]), st.sampled_from([1, 8, 64, 576]), st.integers(0, 2**31 - 1), st.booleans())
+def test_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat16: bool) -> None:
     rng = np.random.default_rng(seed)
     hidden = rng.standard_normal((rows, size)).astype(np.float32) * 3
     delta = rng.standard_normal((rows, size)).astype(np.float32)
@@ -89,8 +89,37 @@ def test_add_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat1
     total = hidden.astype(np.float64) + widen(delta_in)
     expected = total / np.sqrt((total**2).mean(-1, keepdims=True) + 1e-5) * weight
     out = np.empty((rows, size), dtype=np.uint16 if bfloat16 else np.float32)
-    cpu_decode.add_rms_norm(hidden, delta_in, weight, 1e-5, out)
+    cpu_fused.rms_norm(hidden, weight, 1e-5, out, delta_in)
     np.testing.assert_allclose(hidden, total, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
-    cpu_decode.rms_norm(hidden, weight, 1e-5, out)
+    cpu_fused.rms_norm(hidden, weight, 1e-5, out)
     np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(cache_dtypes=(np.float32, BFLOAT16), head_sizes=EVEN_HEAD_SIZES))
+def test_rotary_write_matches_reference(problem: Problem) -> None:
+    """Rotated queries and keys out, keys and values into their slots; a negative slot writes nothing."""
+    _, heads, head_size = problem.query.shape
+    kv_heads = problem.k_cache.shape[2]
+    _, _, slots = problem.new_kv()
+    rng = np.random.default_rng(problem.seed + 3)
+    qkv = rng.standard_normal((len(slots), (heads + 2 * kv_heads) * head_size)).astype(np.float32)
+    angles = rng.uniform(0, 100, (len(slots), head_size // 2))
+    cos, sin = np.cos(np.concatenate([angles, angles], -1)).astype(np.float32), np.sin(np.concatenate([angles, angles], -1)).astype(np.float32)
+    bf16 = problem.k_cache.dtype == np.uint16
+    if bf16:
+        qkv, cos, sin = bfloat16_bits(qkv), bfloat16_bits(cos), bfloat16_bits(sin)
+    parts = widen(qkv).reshape(len(slots), heads + 2 * kv_heads, head_size)
+    expected_query = rotate(parts[:, :heads], widen(cos), widen(sin))
+    expected_key = rotate(parts[:, heads : heads + kv_heads], widen(cos), widen(sin))
+    k_expected, v_expected = widen(problem.k_cache), widen(problem.v_cache)
+    reference.write_kv(expected_key, parts[:, heads + kv_heads :], k_expected, v_expected, slots)
+    query = np.empty((len(slots), heads, head_size), dtype=qkv.dtype)
+    key = np.empty((len(slots), kv_heads, head_size), dtype=qkv.dtype)
+    cpu_fused.rotary_write(query, key, qkv, cos, sin, problem.k_cache, problem.v_cache, slots)
+    tolerance = dict(atol=1e-2, rtol=2e-2) if bf16 else dict(atol=1e-5, rtol=1e-5)  # bf16: three roundings
+    np.testing.assert_allclose(widen(query), expected_query, **tolerance)
+    np.testing.assert_allclose(widen(key), expected_key, **tolerance)
+    np.testing.assert_allclose(widen(problem.k_cache), k_expected, **tolerance)
+    np.testing.assert_array_equal(widen(problem.v_cache), v_expected)

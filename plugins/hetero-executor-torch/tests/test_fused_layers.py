@@ -1,4 +1,4 @@
-"""Fused decode steps (``attention: numba`` on the CPU) compute what the torch ops compute, rounding where they round."""
+"""The fused layers (``attention: numba`` on the CPU) compute what the torch ops compute, rounding where they round."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
 from hetero_executor_torch.model import LlamaModel
 
-cpu_decode = pytest.importorskip("hetero_kernels.cpu_decode", reason="hetero_kernels not installed")
+cpu_fused = pytest.importorskip("hetero_kernels.cpu_fused", reason="hetero_kernels not installed")
 
 BLOCK_SIZE = 4
 GREEDY = GenerationParams(temperature=0.0, max_tokens=4)
@@ -38,7 +38,7 @@ def test_bfloat16_rope_and_cache_writes_round_as_the_torch_ops() -> None:
     tables = torch.arange(batch, dtype=torch.int32)[:, None]
     slots = tables[:, 0].long() * BLOCK_SIZE
     out = torch.empty(batch, heads, head_size, dtype=torch.bfloat16)
-    cpu_decode.rotary_decode_attention(
+    cpu_fused.rotary_decode_attention(
         bits(out), bits(qkv), bits(cos), bits(sin), bits(k_cache), bits(v_cache), slots.numpy(), tables.numpy(), torch.ones(batch, dtype=torch.int32).numpy(), heads, 0.125
     )
     parts = qkv.view(batch, heads + 2 * kv_heads, head_size)
@@ -55,29 +55,43 @@ def test_bfloat16_norm_is_within_one_rounding_of_the_torch_op() -> None:
     hidden, delta, weight = torch.randn(64, 576) * 3, torch.randn(64, 576).bfloat16(), torch.randn(576)
     expected = F.rms_norm(hidden + delta, (576,), weight, 1e-5).to(torch.bfloat16)
     stream, out = hidden.clone(), torch.empty(64, 576, dtype=torch.bfloat16)
-    cpu_decode.add_rms_norm(stream.numpy(), bits(delta), weight.numpy(), 1e-5, bits(out))
+    cpu_fused.rms_norm(stream.numpy(), weight.numpy(), 1e-5, bits(out), bits(delta))
     assert torch.equal(stream, hidden + delta)
     apart = (out.view(torch.int16).int() - expected.view(torch.int16).int()).abs()
     assert apart.max() <= 1 and (apart > 0).float().mean() < 1e-3
 
 
+def scheduled(seq_id: int, tokens: list[int], start: int, table: list[int]) -> ScheduledSequence:
+    """Computes `tokens[start:]` of a sequence whose first `start` tokens are cached."""
+    return ScheduledSequence(seq_id, tokens[start:], start, table, True, GREEDY, tokens, len(tokens), None)
+
+
+STEPS = {
+    # three prompts of 1, 7 and 13 tokens are in the cache; each step adds to them
+    "decodes": lambda prompts, tables: [scheduled(i, [*p, 5 + i], len(p), tables[i]) for i, p in enumerate(prompts)],
+    "chunks": lambda prompts, tables: [scheduled(0, [*prompts[0], 9, 8, 7], len(prompts[0]), tables[0]), scheduled(3, [4] * 9, 0, tables[3])],
+    "mixed": lambda prompts, tables: [scheduled(1, [*prompts[1], 6], len(prompts[1]), tables[1]), scheduled(2, [*prompts[2], 1, 2, 3, 4], len(prompts[2]), tables[2])],
+}
+
+
+@pytest.mark.parametrize("kind", STEPS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_decode_step_matches_the_torch_ops(tiny_model, dtype) -> None:
-    """The same executor and cache, the decode step run fused and through the torch ops."""
+def test_a_step_matches_the_torch_ops(tiny_model, dtype, kind) -> None:
+    """The same executor and cache, the step run fused and through the torch ops."""
     executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, attention="numba")
-    assert executor.model.fused_decode is not None
+    assert executor.model.fused is not None
     executor.initialize_cache(64, BLOCK_SIZE)
     rng = random.Random(3)
     prompts = [[rng.randrange(259) for _ in range(length)] for length in (1, 7, 13)]
-    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts) + 1)]
     for i, prompt in enumerate(prompts):
-        executor.execute(ExecutionBatch([ScheduledSequence(i, prompt, 0, tables[i], True, GREEDY, prompt, len(prompt), None)], BLOCK_SIZE))
-    decodes = [ScheduledSequence(i, [5 + i], len(p), tables[i], True, GREEDY, [*p, 5 + i], len(p) + 1, None) for i, p in enumerate(prompts)]
+        executor.execute(ExecutionBatch([scheduled(i, prompt, 0, tables[i])], BLOCK_SIZE))
+    step = layout(ExecutionBatch(STEPS[kind](prompts, tables), BLOCK_SIZE))
     with torch.inference_mode():
-        input_ids, positions, attention, kv_caches, _ = executor.model_inputs(layout(ExecutionBatch(decodes, BLOCK_SIZE)))
+        input_ids, positions, attention, kv_caches, _ = executor.model_inputs(step)
         fused = executor.model.hidden_states(input_ids, positions, attention, kv_caches)
         fused_caches = [(k.clone(), v.clone()) for k, v in kv_caches]
-        executor.model.fused_decode = None
+        executor.model.fused = None
         plain = executor.model.hidden_states(input_ids, positions, attention, kv_caches)
     tolerance = dict(atol=1e-6, rtol=1e-4) if dtype == "float32" else dict(atol=1e-3, rtol=1e-2)  # hidden states of order 0.1
     torch.testing.assert_close(fused, plain, **tolerance)
@@ -89,5 +103,5 @@ def test_a_decode_step_matches_the_torch_ops(tiny_model, dtype) -> None:
 @pytest.mark.parametrize("dtype, kv_cache_dtype, fused", [("bfloat16", "auto", True), ("float32", "auto", True), ("float32", "bfloat16", False)])
 def test_fused_steps_need_the_cache_in_the_model_dtype(tiny_model, dtype, kv_cache_dtype, fused) -> None:
     executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="numba")
-    assert (executor.model.fused_decode is not None) == fused
-    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="torch").model.fused_decode is None
+    assert (executor.model.fused is not None) == fused
+    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="torch").model.fused is None

@@ -6,12 +6,16 @@ more than their arithmetic. Here the norms (with the residual add before
 them) and the attention sublayer between the q/k/v and output projections
 are one call each:
 
-- :func:`rms_norm` and :func:`add_rms_norm`: the float32 residual stream
-  (plus a sublayer's output, added in place) through RMSNorm, into the
-  compute dtype;
+- :func:`rms_norm`: the float32 residual stream (plus a sublayer's
+  output, added in place) through RMSNorm, into the compute dtype;
 - :func:`rotary_decode_attention`: from the fused q/k/v projection of one
   token per sequence, rotate-half RoPE on q and k, k and v written to their
-  cache slots, then paged attention over each sequence's context.
+  cache slots, then paged attention over each sequence's context;
+- :func:`rotary_write`: the same RoPE and cache writes for any tokens
+  (prefill chunks), leaving attention to the caller.
+
+Long steps (a prefill chunk) gain too: torch's RMSNorm and RoPE make
+several passes over the activations, these one.
 
 Activations are float32 or bfloat16 (passed as raw bits, ``uint16``, see
 :mod:`hetero_kernels.dtypes`); in bfloat16 every elementwise op rounds to
@@ -32,6 +36,7 @@ from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, attend_
 from hetero_kernels.dtypes import NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
+PARALLEL_FROM_ROWS = 32  # fewer rows of a norm cost less than waking the other threads
 
 
 @intrinsic
@@ -93,60 +98,80 @@ def _rounded_overload(value, like):
 
 
 @njit(**_OPTIONS)
-def _normalize(hidden, weight, eps, out):
-    for t in range(hidden.shape[0]):
-        row = hidden[t]
-        total = np.float32(0.0)
+def _normalize_row(hidden, delta, weight, eps, out, t):
+    row = hidden[t]
+    if delta is not None:
         for i in range(row.shape[0]):
-            total += row[i] * row[i]
-        inverse = np.float32(1.0) / np.sqrt(total / np.float32(row.shape[0]) + eps)
-        for i in range(row.shape[0]):
-            _put(out[t], i, row[i] * inverse * weight[i])
+            row[i] += _get(delta[t], i)
+    total = np.float32(0.0)
+    for i in range(row.shape[0]):
+        total += row[i] * row[i]
+    inverse = np.float32(1.0) / np.sqrt(total / np.float32(row.shape[0]) + eps)
+    for i in range(row.shape[0]):
+        _put(out[t], i, row[i] * inverse * weight[i])
 
 
 @njit(**_OPTIONS)
-def rms_norm(hidden, weight, eps, out):
-    """``out`` = RMSNorm of ``hidden`` (float32 ``[T, H]``) with ``weight`` (float32 ``[H]``)."""
-    _normalize(hidden, weight, np.float32(eps), out)
-
-
-@njit(**_OPTIONS)
-def add_rms_norm(hidden, delta, weight, eps, out):
-    """``hidden += delta`` (``delta`` in the activations' dtype), then ``out`` = RMSNorm of ``hidden``."""
+def _normalize(hidden, delta, weight, eps, out):
     for t in range(hidden.shape[0]):
-        for i in range(hidden.shape[1]):
-            hidden[t, i] += _get(delta[t], i)
-    _normalize(hidden, weight, np.float32(eps), out)
+        _normalize_row(hidden, delta, weight, eps, out, t)
 
 
-@njit(**_OPTIONS)
-def _rotated(row, start, d, half, cos, sin, like):
-    """Element ``d`` of the head at ``row[start:]`` after rotate-half RoPE, rounded as torch's
-    ``x * cos + cat(-x2, x1) * sin`` rounds in the activations' dtype."""
-    x = _get(row, start + d)
-    partner = -_get(row, start + d + half) if d < half else _get(row, start + d - half)
-    return _rounded(_rounded(x * _get(cos, d), like) + _rounded(partner * _get(sin, d), like), like)
+@njit(parallel=True, **_OPTIONS)
+def _normalize_in_parallel(hidden, delta, weight, eps, out):
+    for t in prange(hidden.shape[0]):
+        _normalize_row(hidden, delta, weight, eps, out, t)
+
+
+def rms_norm(hidden, weight, eps: float, out, delta=None) -> None:
+    """``hidden += delta`` (``delta`` in the activations' dtype; skipped when None), then ``out`` =
+    RMSNorm of ``hidden`` (float32 ``[T, H]``) with ``weight`` (float32 ``[H]``)."""
+    normalize = _normalize_in_parallel if hidden.shape[0] >= PARALLEL_FROM_ROWS else _normalize
+    normalize(hidden, delta, weight, np.float32(eps), out)
+
+
+@njit(inline="always", **_OPTIONS)
+def _rotate(dest, row, start, cos, sin, like):
+    """``dest`` = the head at ``row[start:]`` after rotate-half RoPE, rounded as torch's
+    ``x * cos + cat(-x2, x1) * sin`` rounds in the dtype of ``like``. Every array is sliced so the
+    loop indexes from 0: LLVM then knows no index wraps around and vectorises the loop."""
+    half = dest.shape[0] // 2
+    x1, x2 = row[start : start + half], row[start + half : start + 2 * half]
+    cos1, cos2, sin1, sin2 = cos[:half], cos[half:], sin[:half], sin[half:]
+    dest1, dest2 = dest[:half], dest[half:]
+    for d in range(half):
+        first, second = _get(x1, d), _get(x2, d)
+        _put(dest1, d, _rounded(_rounded(first * _get(cos1, d), like) + _rounded(-second * _get(sin1, d), like), like))
+        _put(dest2, d, _rounded(_rounded(second * _get(cos2, d), like) + _rounded(first * _get(sin2, d), like), like))
+
+
+@njit(inline="always", **_OPTIONS)
+def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
+    """``key`` (rotated) and the value at ``row[values:]`` into ``slot`` of the caches (skipped when negative)."""
+    if slot < 0:
+        return
+    block, offset = slot // k_cache.shape[1], slot % k_cache.shape[1]
+    k_cache[block, offset, kv_head] = key
+    v_cache[block, offset, kv_head] = row[values : values + key.shape[0]]
 
 
 @njit(parallel=True, **_OPTIONS)
 def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, scale, decode_table, parts):
-    block_size, num_kv_heads, head_size = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    group, half = num_heads // num_kv_heads, head_size // 2
+    num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
+    group = num_heads // num_kv_heads
     per_part = num_kv_heads // parts
     for item in prange(qkv.shape[0] * parts):
         b, first_kv_head = item // parts, (item % parts) * per_part
         row, c, s = qkv[b], cos[b], sin[b]
-        block, offset = slots[b] // block_size, slots[b] % block_size
+        key = np.empty(head_size, dtype=k_cache.dtype)
         for kv_head in range(first_kv_head, first_kv_head + per_part):
-            keys, values = (num_heads + kv_head) * head_size, (num_heads + num_kv_heads + kv_head) * head_size
-            for d in range(head_size):
-                _put(k_cache[block, offset, kv_head], d, _rotated(row, keys, d, half, c, s, out))
-                v_cache[block, offset, kv_head, d] = row[values + d]
+            _rotate(key, row, (num_heads + kv_head) * head_size, c, s, out)
+            _write_kv(key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[b], kv_head)
         q = np.empty((per_part * group, head_size), dtype=np.float32)
         for h in range(q.shape[0]):
-            start = (first_kv_head * group + h) * head_size
+            _rotate(q[h], row, (first_kv_head * group + h) * head_size, c, s, out)
             for d in range(head_size):
-                q[h, d] = _rotated(row, start, d, half, c, s, out) * scale
+                q[h, d] *= scale
         attended = attend_heads(q, group, k_cache, v_cache, block_tables[b], context_lens[b], first_kv_head, decode_table)
         for h in range(q.shape[0]):
             head = out[b, first_kv_head * group + h]
@@ -163,3 +188,20 @@ def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_t
     decode_table = WIDEN_BFLOAT16 if k_cache.dtype == np.uint16 else NO_DECODE_TABLE
     parts = k_cache.shape[2] if qkv.shape[0] < SPLIT_BELOW_TOKENS else 1
     _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), decode_table, parts)
+
+
+@njit(parallel=True, **_OPTIONS)
+def rotary_write(query, key, qkv, cos, sin, k_cache, v_cache, slots):
+    """Any tokens (prefill chunks, decodes): ``qkv`` ``[T, (heads + 2 * kv_heads) * head_size]`` with
+    ``cos``/``sin`` ``[T, head_size]``; writes the rotated queries to ``query`` ``[T, heads,
+    head_size]``, the rotated keys to ``key`` ``[T, kv_heads, head_size]`` and to ``slots[t]`` of
+    ``k_cache``, and the values to ``slots[t]`` of ``v_cache`` (a negative slot is skipped). Attention
+    is the caller's."""
+    num_heads, num_kv_heads, head_size = query.shape[1], key.shape[1], query.shape[2]
+    for t in prange(qkv.shape[0]):
+        row, c, s = qkv[t], cos[t], sin[t]
+        for h in range(num_heads):
+            _rotate(query[t, h], row, h * head_size, c, s, query)
+        for kv_head in range(num_kv_heads):
+            _rotate(key[t, kv_head], row, (num_heads + kv_head) * head_size, c, s, query)
+            _write_kv(key[t, kv_head], row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[t], kv_head)

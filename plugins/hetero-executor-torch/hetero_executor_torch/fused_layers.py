@@ -1,0 +1,119 @@
+"""The decoder layers on the CPU with ``hetero_kernels.cpu_fused``: norms, RoPE and cache writes (and a decode's attention) in few Numba calls.
+
+The ``numba`` attention backend brings them. Every step computes the same
+function as :meth:`LlamaModel.hidden_states
+<hetero_executor_torch.model.LlamaModel.hidden_states>`, op for op in the
+same roundings (the reductions reassociated):
+
+- a decode-only step runs a layer as its four matmuls, two norm calls and
+  one call for RoPE, the cache write and attention, where the torch ops
+  were about twenty: at batch 1 their dispatch costs more than their
+  arithmetic;
+- a step with prefill chunks normalizes, rotates and writes the cache in
+  one pass each (torch's ops make several over a long chunk), and attends
+  through the backend.
+
+Figures are in ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetero_executor_torch.attention import AttentionInputs
+
+if TYPE_CHECKING:
+    from hetero_executor_torch.model import LlamaModel
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def serves(dtype: torch.dtype, kv_cache_dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the fused kernels run a model in ``dtype`` with a cache in ``kv_cache_dtype`` on ``device``."""
+    return device.type == "cpu" and dtype in DTYPES and kv_cache_dtype == dtype
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as the kernels take it: a zero-copy numpy array, bfloat16 as its raw ``uint16`` bits."""
+    return (tensor.view(torch.uint16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
+
+
+class FusedLayers:
+    """Runs a step's decoder layers for ``model``."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        from hetero_kernels import cpu_fused
+
+        self.kernels = cpu_fused
+        self.model = model
+        self.eps = float(model.config.rms_norm_eps)
+        self.input_norms = [layer.input_norm.numpy() for layer in model.layers]
+        self.post_norms = [layer.post_norm.numpy() for layer in model.layers]
+        self._caches: list[Any] | None = None
+        self._arrays: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]) -> torch.Tensor:
+        """The residual stream after the last layer, [T, hidden] float32, before the final norm."""
+        model, kernels, config = self.model, self.kernels, self.model.config
+        rows, dtype = input_ids.shape[0], model.dtype
+        cos, sin = (_array(table.view(rows, -1)) for table in model.rope_tables(positions))
+        hidden = model.embedding.embed(input_ids).float()
+        stream = hidden.numpy()
+        # the inputs of each layer's projections, overwritten layer after layer
+        x = torch.empty(rows, config.hidden_size, dtype=dtype)
+        x_out = _array(x)
+        attend = self._decodes(attention) if attention.num_decodes == rows else self._chunks(attention)
+        kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
+        last = len(model.layers) - 1
+        for i, (layer, (k_cache, v_cache), caches) in enumerate(zip(model.layers, kv_caches, self._cache_arrays(kv_caches))):
+            attended = attend(layer.qkv(x), cos, sin, k_cache, v_cache, caches)
+            kernels.rms_norm(stream, self.post_norms[i], self.eps, x_out, _array(layer.o_proj(attended.view(rows, -1))))
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            down = layer.down(F.silu(gate) * up)
+            if i == last:
+                hidden += down
+            else:
+                kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, _array(down))
+        return hidden
+
+    def _decodes(self, attention: AttentionInputs):
+        """One decode per sequence: RoPE, the cache write and attention in one kernel call per layer."""
+        model, config, meta = self.model, self.model.config, attention.kernel
+        tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
+        attended = torch.empty(attention.num_decodes, config.num_heads, config.head_size, dtype=model.dtype)
+        out = _array(attended)
+
+        def attend(qkv, cos, sin, k_cache, v_cache, caches) -> torch.Tensor:
+            self.kernels.rotary_decode_attention(out, _array(qkv), cos, sin, *caches, *tables, config.num_heads, model.scale)
+            return attended
+
+        return attend
+
+    def _chunks(self, attention: AttentionInputs):
+        """Any step: RoPE and the cache write in one kernel call, then the backend's attention."""
+        model, config = self.model, self.model.config
+        slots = attention.slot_mapping.numpy()
+        rows = slots.shape[0]
+        query = torch.empty(rows, config.num_heads, config.head_size, dtype=model.dtype)
+        key = torch.empty(rows, config.num_kv_heads, config.head_size, dtype=model.dtype)
+        query_out, key_out = _array(query), _array(key)
+        values = slice((config.num_heads + config.num_kv_heads) * config.head_size, None)
+
+        def attend(qkv, cos, sin, k_cache, v_cache, caches) -> torch.Tensor:
+            self.kernels.rotary_write(query_out, key_out, _array(qkv), cos, sin, *caches, slots)
+            value = qkv[:, values].view(rows, config.num_kv_heads, config.head_size)
+            return model.attention(query, key, value, k_cache, v_cache, attention, model.scale)
+
+        return attend
+
+    def _cache_arrays(self, kv_caches: list[Any]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The layers' caches as arrays, made again only when the executor hands over other caches
+        (holding the list keeps its tensors, and so the arrays' memory, alive)."""
+        if kv_caches is not self._caches:
+            self._caches = kv_caches
+            self._arrays = [(_array(k), _array(v)) for k, v in kv_caches]
+        return self._arrays
