@@ -81,30 +81,44 @@ def _attend(out, query, row, k_cache, v_cache, table, num_positions, first_kv_he
 def attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table):
     """Attention ``[heads, head_size]`` (float32) of the scaled query heads ``q`` (float32 ``[heads,
     head_size]``, ``group`` of them per KV head, reading KV heads ``first_kv_head ..``) over positions
-    ``[0, num_positions)`` of the sequence with block table ``table``. With every KV head, each
-    position's keys (then values) are one contiguous row of the block, read once."""
+    ``[0, num_positions)`` of the sequence with block table ``table``."""
+    acc, _, sums = attend_span(q, group, k_cache, v_cache, table, 0, num_positions, first_kv_head, decode_table)
+    for h in range(acc.shape[0]):
+        inverse = np.float32(1.0) / sums[h]
+        for d in range(acc.shape[1]):
+            acc[h, d] *= inverse
+    return acc
+
+
+@njit(**_OPTIONS)
+def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, decode_table):
+    """Attention of ``q`` (as :func:`attend_heads`) over positions ``[start, stop)``, not yet
+    normalised: the weighted values ``[heads, head_size]``, the largest score of each head and the sum
+    of each head's weights ``exp(score - largest)``. An empty span gives zeros and ``-inf``.
+
+    Each position's keys (then values) are one contiguous row of a block, read once; the block table
+    is walked block by block (no division per position)."""
     block_size, head_size = k_cache.shape[1], k_cache.shape[3]
-    heads = q.shape[0]
-    num_blocks = (num_positions + block_size - 1) // block_size  # walked block by block: no division per position
-    scores = np.empty((heads, num_positions), dtype=np.float32)
-    for b in range(num_blocks):
+    heads, count = q.shape[0], stop - start
+    scores = np.empty((heads, count), dtype=np.float32)
+    for b in range(start // block_size, (stop + block_size - 1) // block_size):
         block, first = k_cache[table[b]], b * block_size
-        for offset in range(min(block_size, num_positions - first)):
-            keys = block[offset]
+        for offset in range(max(start - first, 0), min(block_size, stop - first)):
+            keys, p = block[offset], first + offset - start
             for h in range(heads):
                 key = keys[first_kv_head + h // group]
                 total = np.float32(0.0)
                 for d in range(head_size):
                     total += q[h, d] * _load(key, d, decode_table)
-                scores[h, first + offset] = total
-    sums = np.empty(heads, dtype=np.float32)
+                scores[h, p] = total
+    peaks, sums = np.empty(heads, dtype=np.float32), np.empty(heads, dtype=np.float32)
     for h in range(heads):
-        row = scores[h]
-        peak = row[0]
-        for p in range(1, num_positions):
+        row, peak = scores[h], np.float32(-np.inf)
+        for p in range(count):
             peak = max(peak, row[p])
+        peaks[h] = peak
         total = np.float32(0.0)
-        for p in range(num_positions):
+        for p in range(count):
             shifted = row[p] - peak
             # below NEGLIGIBLE a weight is under 1e-26 of the largest (1): nothing in float32, and its
             # exp and products would be subnormal, which the CPU computes many times slower
@@ -113,19 +127,15 @@ def attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head
             total += weight
         sums[h] = total
     acc = np.zeros((heads, head_size), dtype=np.float32)
-    for b in range(num_blocks):
+    for b in range(start // block_size, (stop + block_size - 1) // block_size):
         block, first = v_cache[table[b]], b * block_size
-        for offset in range(min(block_size, num_positions - first)):
-            values = block[offset]
+        for offset in range(max(start - first, 0), min(block_size, stop - first)):
+            values, p = block[offset], first + offset - start
             for h in range(heads):
-                value, weight, out = values[first_kv_head + h // group], scores[h, first + offset], acc[h]
+                value, weight, out = values[first_kv_head + h // group], scores[h, p], acc[h]
                 for d in range(head_size):
                     out[d] += weight * _load(value, d, decode_table)
-    for h in range(heads):
-        inverse = np.float32(1.0) / sums[h]
-        for d in range(head_size):
-            acc[h, d] *= inverse
-    return acc
+    return acc, peaks, sums
 
 
 @njit(**_OPTIONS)

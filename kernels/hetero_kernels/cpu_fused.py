@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, attend_heads
+from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, attend_span
 from hetero_kernels.dtypes import NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -164,27 +164,47 @@ def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
 
 
 @njit(parallel=True, **_OPTIONS)
-def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, scale, decode_table, parts):
+def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, scale, decode_table, parts, spans):
     num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
-    group = num_heads // num_kv_heads
-    per_part = num_kv_heads // parts
-    for item in prange(qkv.shape[0] * parts):
+    group, per_part = num_heads // num_kv_heads, num_kv_heads // parts
+    items, heads = qkv.shape[0] * parts, per_part * group
+    partial = np.empty((items, spans, heads, head_size), dtype=np.float32)
+    peaks, sums = np.empty((items, spans, heads), dtype=np.float32), np.empty((items, spans, heads), dtype=np.float32)
+    for work in prange(items * spans):
+        item, span = work // spans, work % spans
         b, first_kv_head = item // parts, (item % parts) * per_part
-        row, c, s = qkv[b], cos[b], sin[b]
-        key = np.empty(head_size, dtype=k_cache.dtype)
-        for kv_head in range(first_kv_head, first_kv_head + per_part):
-            _rotate(key, row, (num_heads + kv_head) * head_size, c, s, out)
-            _write_kv(key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[b], kv_head)
-        q = np.empty((per_part * group, head_size), dtype=np.float32)
-        for h in range(q.shape[0]):
+        row, c, s, length = qkv[b], cos[b], sin[b], context_lens[b]
+        if span == spans - 1:  # the last span holds the new position: its key and value go in first
+            key = np.empty(head_size, dtype=k_cache.dtype)
+            for kv_head in range(first_kv_head, first_kv_head + per_part):
+                _rotate(key, row, (num_heads + kv_head) * head_size, c, s, out)
+                _write_kv(key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[b], kv_head)
+        q = np.empty((heads, head_size), dtype=np.float32)
+        for h in range(heads):
             _rotate(q[h], row, (first_kv_head * group + h) * head_size, c, s, out)
             for d in range(head_size):
                 q[h, d] *= scale
-        attended = attend_heads(q, group, k_cache, v_cache, block_tables[b], context_lens[b], first_kv_head, decode_table)
-        for h in range(q.shape[0]):
-            head = out[b, first_kv_head * group + h]
+        start, stop = length * span // spans, length * (span + 1) // spans
+        partial[item, span], peaks[item, span], sums[item, span] = attend_span(
+            q, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
+        )
+    for item in prange(items):
+        b, first_head = item // parts, (item % parts) * heads
+        for h in range(heads):
+            peak = np.float32(-np.inf)
+            for span in range(spans):
+                peak = max(peak, peaks[item, span, h])
+            total = np.float32(0.0)
+            weights = np.empty(spans, dtype=np.float32)
+            for span in range(spans):
+                weights[span] = np.exp(peaks[item, span, h] - peak)
+                total += sums[item, span, h] * weights[span]
+            head = out[b, first_head + h]
             for d in range(head_size):
-                _put(head, d, attended[h, d])
+                value = np.float32(0.0)
+                for span in range(spans):
+                    value += partial[item, span, h, d] * weights[span]
+                _put(head, d, value / total)
 
 
 def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads: int, scale: float) -> None:
@@ -192,10 +212,14 @@ def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_t
     heads, v heads) with ``cos``/``sin`` ``[B, head_size]`` for its position; writes its rotated key and
     its value at ``slots[b]`` of ``k_cache``/``v_cache`` and the attention over the sequence's
     ``context_lens[b]`` positions (this one included) to ``out`` ``[B, heads, head_size]``. Every array
-    but the int tables is in the activations' dtype."""
+    but the int tables is in the activations' dtype.
+
+    A work item is a sequence with all its heads; below ``SPLIT_BELOW_TOKENS`` sequences, one KV head
+    over one of two halves of the positions (merged after), so that both threads get as much work."""
     decode_table = WIDEN_BFLOAT16 if k_cache.dtype == np.uint16 else NO_DECODE_TABLE
-    parts = k_cache.shape[2] if qkv.shape[0] < SPLIT_BELOW_TOKENS else 1
-    _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), decode_table, parts)
+    few = qkv.shape[0] < SPLIT_BELOW_TOKENS
+    parts, spans = (k_cache.shape[2], 2) if few else (1, 1)
+    _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), decode_table, parts, spans)
 
 
 @njit(parallel=True, **_OPTIONS)
