@@ -145,12 +145,22 @@ def _parts_per_token(num_tokens, kv_heads):
     return kv_heads if num_tokens < SPLIT_BELOW_TOKENS else 1
 
 
+@njit(**_OPTIONS)
+def interleaved(index, count):
+    """The sequence that work item ``index`` of ``count`` serves: 0, count - 1, 1, count - 2, ...
+
+    Decodes arrive sorted by length and ``prange`` hands each thread one
+    contiguous run of items; interleaved, each run holds short and long
+    sequences alike, so the threads finish together."""
+    return index // 2 if index % 2 == 0 else count - 1 - index // 2
+
+
 @njit(parallel=True, **_OPTIONS)
 def _decode(out, query, k_cache, v_cache, block_tables, context_lens, scale, decode_table):
     parts = _parts_per_token(query.shape[0], k_cache.shape[2])
     per_part = k_cache.shape[2] // parts
     for item in prange(query.shape[0] * parts):
-        b, part = item // parts, item % parts
+        b, part = interleaved(item // parts, query.shape[0]), item % parts
         _attend(out, query, b, k_cache, v_cache, block_tables[b], context_lens[b], part * per_part, per_part, scale, decode_table)
 
 

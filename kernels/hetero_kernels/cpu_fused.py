@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, attend_span
+from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, attend_span, interleaved
 from hetero_kernels.dtypes import NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -172,7 +172,7 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
     peaks, sums = np.empty((items, spans, heads), dtype=np.float32), np.empty((items, spans, heads), dtype=np.float32)
     for work in prange(items * spans):
         item, span = work // spans, work % spans
-        b, first_kv_head = item // parts, (item % parts) * per_part
+        b, first_kv_head = interleaved(item // parts, qkv.shape[0]), (item % parts) * per_part
         row, c, s, length = qkv[b], cos[b], sin[b], context_lens[b]
         if span == spans - 1:  # the last span holds the new position: its key and value go in first
             key = np.empty(head_size, dtype=k_cache.dtype)
@@ -189,7 +189,7 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
             q, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
         )
     for item in prange(items):
-        b, first_head = item // parts, (item % parts) * heads
+        b, first_head = interleaved(item // parts, qkv.shape[0]), (item % parts) * heads
         for h in range(heads):
             peak = np.float32(-np.inf)
             for span in range(spans):
