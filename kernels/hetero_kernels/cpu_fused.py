@@ -188,7 +188,7 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
         partial[item, span], peaks[item, span], sums[item, span] = attend_span(
             q, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
         )
-    for item in prange(items):
+    for item in range(items):  # merging is little work: serially, without a second parallel region
         b, first_head = interleaved(item // parts, qkv.shape[0]), (item % parts) * heads
         for h in range(heads):
             peak = np.float32(-np.inf)
