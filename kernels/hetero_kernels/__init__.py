@@ -7,6 +7,10 @@ layer is ``k_cache``/``v_cache`` of shape ``[num_blocks, block_size,
 num_kv_heads, head_size]``; position ``p`` of a sequence with block table
 ``bt`` is at ``[bt[p // block_size], p % block_size]``.
 
+``cpu_fused`` holds the CPU kernels for the rest of a decoder layer's work
+between its matmuls (RMSNorm, RoPE with the cache write, a decode's
+attention in the same call).
+
 ``cuda`` is imported on first use: importing ``numba.cuda`` fixes whether the
 CUDA simulator is in use (``NUMBA_ENABLE_CUDASIM``), which must stay the
 caller's choice.
@@ -17,9 +21,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from hetero_kernels import cpu, reference
+from hetero_kernels import cpu, cpu_fused, reference
 
-__all__ = ["cpu", "cuda", "reference"]
+__all__ = ["cpu", "cpu_fused", "cuda", "reference"]
 
 
 def __getattr__(name: str) -> ModuleType:
