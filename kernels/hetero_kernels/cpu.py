@@ -96,21 +96,19 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
     normalised: the weighted values ``[heads, head_size]``, the largest score of each head and the sum
     of each head's weights ``exp(score - largest)``. An empty span gives zeros and ``-inf``.
 
-    Each position's keys (then values) are one contiguous row of a block, read once; the block table
-    is walked block by block (no division per position)."""
-    block_size, head_size = k_cache.shape[1], k_cache.shape[3]
+    Each position's keys (then values) are one contiguous row of a block, read once."""
+    head_size = k_cache.shape[3]
     heads, count = q.shape[0], stop - start
+    blocks, offsets = _locate(table, k_cache.shape[1], start, stop)
     scores = np.empty((heads, count), dtype=np.float32)
-    for b in range(start // block_size, (stop + block_size - 1) // block_size):
-        block, first = k_cache[table[b]], b * block_size
-        for offset in range(max(start - first, 0), min(block_size, stop - first)):
-            keys, p = block[offset], first + offset - start
-            for h in range(heads):
-                key = keys[first_kv_head + h // group]
-                total = np.float32(0.0)
-                for d in range(head_size):
-                    total += q[h, d] * _load(key, d, decode_table)
-                scores[h, p] = total
+    for p in range(count):
+        keys = k_cache[blocks[p], offsets[p]]
+        for h in range(heads):
+            key = keys[first_kv_head + h // group]
+            total = np.float32(0.0)
+            for d in range(head_size):
+                total += q[h, d] * _load(key, d, decode_table)
+            scores[h, p] = total
     peaks, sums = np.empty(heads, dtype=np.float32), np.empty(heads, dtype=np.float32)
     for h in range(heads):
         row, peak = scores[h], np.float32(-np.inf)
@@ -127,15 +125,25 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
             total += weight
         sums[h] = total
     acc = np.zeros((heads, head_size), dtype=np.float32)
-    for b in range(start // block_size, (stop + block_size - 1) // block_size):
-        block, first = v_cache[table[b]], b * block_size
-        for offset in range(max(start - first, 0), min(block_size, stop - first)):
-            values, p = block[offset], first + offset - start
-            for h in range(heads):
-                value, weight, out = values[first_kv_head + h // group], scores[h, p], acc[h]
-                for d in range(head_size):
-                    out[d] += weight * _load(value, d, decode_table)
+    for p in range(count):
+        values = v_cache[blocks[p], offsets[p]]
+        for h in range(heads):
+            value, weight, out = values[first_kv_head + h // group], scores[h, p], acc[h]
+            for d in range(head_size):
+                out[d] += weight * _load(value, d, decode_table)
     return acc, peaks, sums
+
+
+@njit(**_OPTIONS)
+def _locate(table, block_size, start, stop):
+    """The cache block and offset of each position in ``[start, stop)``, walking the block table block
+    by block (no division per position)."""
+    blocks, offsets = np.empty(stop - start, dtype=np.int64), np.empty(stop - start, dtype=np.int64)
+    for b in range(start // block_size, (stop + block_size - 1) // block_size):
+        first = b * block_size
+        for offset in range(max(start - first, 0), min(block_size, stop - first)):
+            blocks[first + offset - start], offsets[first + offset - start] = table[b], offset
+    return blocks, offsets
 
 
 @njit(**_OPTIONS)
