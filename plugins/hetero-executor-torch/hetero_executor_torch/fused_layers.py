@@ -18,7 +18,7 @@ Figures are in ``benchmarks/README.md``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -80,7 +80,7 @@ class FusedLayers:
                 kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, _array(down))
         return hidden
 
-    def _decodes(self, attention: AttentionInputs):
+    def _decodes(self, attention: AttentionInputs) -> Callable[..., torch.Tensor]:
         """One decode per sequence: RoPE, the cache write and attention in one kernel call per layer."""
         model, config, meta = self.model, self.model.config, attention.kernel
         tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
@@ -93,7 +93,7 @@ class FusedLayers:
 
         return attend
 
-    def _chunks(self, attention: AttentionInputs):
+    def _chunks(self, attention: AttentionInputs) -> Callable[..., torch.Tensor]:
         """Any step: RoPE and the cache write in one kernel call, then the backend's attention."""
         model, config = self.model, self.model.config
         slots = attention.slot_mapping.numpy()
