@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
+from numba import njit
 
 from hetero_kernels import cpu, reference
 from paged_problems import BFLOAT16, Problem, problems
@@ -59,3 +60,21 @@ def test_long_context_with_large_scores_stays_finite() -> None:
     cpu.paged_decode_attention(got, query, k_cache, v_cache, tables, lens, 32**-0.5)
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
+
+
+@njit
+def _weigh(scores, out):
+    for i in range(scores.shape[0]):
+        out[i] = cpu._weight(scores[i])
+
+
+def test_softmax_weights_are_exp_to_float32_precision_and_zero_below_the_cutoff() -> None:
+    """The kernels' own exp (vectorisable arithmetic, not a call per element) over every score a
+    softmax can see: 0 down to the cutoff, then exactly 0."""
+    scores = -np.linspace(0, 70, 700_001, dtype=np.float32)
+    weights = np.empty_like(scores)
+    _weigh(scores, weights)
+    kept = scores > cpu.NEGLIGIBLE
+    np.testing.assert_allclose(weights[kept], np.exp(scores[kept].astype(np.float64)), rtol=3e-7, atol=0)
+    assert weights[0] == 1.0
+    assert not weights[~kept].any()
