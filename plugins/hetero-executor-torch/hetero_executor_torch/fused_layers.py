@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero_executor_torch.attention import AttentionInputs
+from hetero_executor_torch.kernel_attention import kernel_array
 
 if TYPE_CHECKING:
     from hetero_executor_torch.model import LlamaModel
@@ -35,11 +36,6 @@ DTYPES = (torch.float32, torch.bfloat16)
 def serves(dtype: torch.dtype, kv_cache_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the fused kernels run a model in ``dtype`` with a cache in ``kv_cache_dtype`` on ``device``."""
     return device.type == "cpu" and dtype in DTYPES and kv_cache_dtype == dtype
-
-
-def _array(tensor: torch.Tensor) -> np.ndarray:
-    """A CPU tensor as the kernels take it: a zero-copy numpy array, bfloat16 as its raw ``uint16`` bits."""
-    return (tensor.view(torch.uint16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
 class FusedLayers:
@@ -60,24 +56,24 @@ class FusedLayers:
         """The residual stream after the last layer, [T, hidden] float32, before the final norm."""
         model, kernels, config = self.model, self.kernels, self.model.config
         rows, dtype = input_ids.shape[0], model.dtype
-        cos, sin = (_array(table.view(rows, -1)) for table in model.rope_tables(positions))
+        cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         hidden = model.embedding.embed(input_ids).float()
         stream = hidden.numpy()
         # the inputs of each layer's projections, overwritten layer after layer
         x = torch.empty(rows, config.hidden_size, dtype=dtype)
-        x_out = _array(x)
+        x_out = kernel_array(x)
         attend = self._decodes(attention) if attention.num_decodes == rows else self._chunks(attention)
         kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
         last = len(model.layers) - 1
         for i, (layer, (k_cache, v_cache), caches) in enumerate(zip(model.layers, kv_caches, self._cache_arrays(kv_caches))):
             attended = attend(layer.qkv(x), cos, sin, k_cache, v_cache, caches)
-            kernels.rms_norm(stream, self.post_norms[i], self.eps, x_out, _array(layer.o_proj(attended.view(rows, -1))))
+            kernels.rms_norm(stream, self.post_norms[i], self.eps, x_out, kernel_array(layer.o_proj(attended.view(rows, -1))))
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             down = layer.down(F.silu(gate) * up)
             if i == last:
                 hidden += down
             else:
-                kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, _array(down))
+                kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, kernel_array(down))
         return hidden
 
     def _decodes(self, attention: AttentionInputs) -> Callable[..., torch.Tensor]:
@@ -85,10 +81,10 @@ class FusedLayers:
         model, config, meta = self.model, self.model.config, attention.kernel
         tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
         attended = torch.empty(attention.num_decodes, config.num_heads, config.head_size, dtype=model.dtype)
-        out = _array(attended)
+        out = kernel_array(attended)
 
         def attend(qkv, cos, sin, k_cache, v_cache, caches) -> torch.Tensor:
-            self.kernels.rotary_decode_attention(out, _array(qkv), cos, sin, *caches, *tables, config.num_heads, model.scale)
+            self.kernels.rotary_decode_attention(out, kernel_array(qkv), cos, sin, *caches, *tables, config.num_heads, model.scale)
             return attended
 
         return attend
@@ -100,11 +96,11 @@ class FusedLayers:
         rows = slots.shape[0]
         query = torch.empty(rows, config.num_heads, config.head_size, dtype=model.dtype)
         key = torch.empty(rows, config.num_kv_heads, config.head_size, dtype=model.dtype)
-        query_out, key_out = _array(query), _array(key)
+        query_out, key_out = kernel_array(query), kernel_array(key)
         values = slice((config.num_heads + config.num_kv_heads) * config.head_size, None)
 
         def attend(qkv, cos, sin, k_cache, v_cache, caches) -> torch.Tensor:
-            self.kernels.rotary_write(query_out, key_out, _array(qkv), cos, sin, *caches, slots)
+            self.kernels.rotary_write(query_out, key_out, kernel_array(qkv), cos, sin, *caches, slots)
             value = qkv[:, values].view(rows, config.num_kv_heads, config.head_size)
             return model.attention(query, key, value, k_cache, v_cache, attention, model.scale)
 
@@ -115,5 +111,5 @@ class FusedLayers:
         (holding the list keeps its tensors, and so the arrays' memory, alive)."""
         if kv_caches is not self._caches:
             self._caches = kv_caches
-            self._arrays = [(_array(k), _array(v)) for k, v in kv_caches]
+            self._arrays = [(kernel_array(k), kernel_array(v)) for k, v in kv_caches]
         return self._arrays

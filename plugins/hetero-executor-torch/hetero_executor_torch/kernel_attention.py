@@ -18,7 +18,7 @@ from hetero_core.step_layout import StepLayout
 from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefill_attention, prefill_spans
 
 
-def _view(tensor: torch.Tensor) -> Any:
+def kernel_array(tensor: torch.Tensor) -> Any:
     """What the kernels take: a CPU tensor as a zero-copy numpy array (bfloat16 as its raw bits, the
     ``uint16`` the CPU kernels read as bfloat16), a CUDA tensor as it is."""
     if tensor.device.type != "cpu":
@@ -71,22 +71,22 @@ class KernelAttention:
         kernels, meta = self.kernels, inputs.kernel
         out = torch.empty_like(query)
         n = inputs.num_decodes
-        caches = (_view(k_cache), _view(v_cache))
+        caches = (kernel_array(k_cache), kernel_array(v_cache))
         if n:
             q, attended = _float32_pair(query[:n])
-            kernels.paged_decode_attention(_view(attended), _view(q), *caches, _view(meta.decode_tables), _view(meta.decode_lens), scale)
+            kernels.paged_decode_attention(kernel_array(attended), kernel_array(q), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
             out[:n] = attended
         if query.shape[0] > n and self.torch_prefill:
             prefill_attention(out, query, key, value, k_cache, v_cache, inputs, scale)
         elif query.shape[0] > n:
             q, attended = _float32_pair(query[n:])
             kernels.paged_prefill_attention(
-                _view(attended),
-                _view(q),
+                kernel_array(attended),
+                kernel_array(q),
                 *caches,
-                _view(meta.prefill_tables),
-                _view(meta.prefill_query_start),
-                _view(meta.prefill_context_lens),
+                kernel_array(meta.prefill_tables),
+                kernel_array(meta.prefill_query_start),
+                kernel_array(meta.prefill_context_lens),
                 scale,
             )
             out[n:] = attended
