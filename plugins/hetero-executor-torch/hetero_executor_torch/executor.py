@@ -19,7 +19,6 @@ from hetero_core.step_layout import StepLayout, layout
 from hetero_executor_torch import attention_backend, fused_layers
 from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCapture, DecodeGraphs, GraphCaptureError
-from hetero_executor_torch.kernel_attention import NumbaCpuAttention
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.prompt_scoring import score_prompts
@@ -130,7 +129,7 @@ class TorchExecutor:
         path = resolve_model_path(config.model)
         model_config, tensors = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            fused = isinstance(self.attention, NumbaCpuAttention) and fused_layers.serves(self.dtype, self.kv_cache_dtype, self.device)
+            fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype)
             self.model = LlamaModel(model_config, tensors, self.dtype, self.device, self.attention.attend, self.weight_format, fused)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)

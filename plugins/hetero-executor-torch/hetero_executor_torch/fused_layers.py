@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero_executor_torch.attention import AttentionInputs
-from hetero_executor_torch.kernel_attention import kernel_array
+from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
 
 if TYPE_CHECKING:
     from hetero_executor_torch.model import LlamaModel
@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def serves(dtype: torch.dtype, kv_cache_dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether the fused kernels run a model in ``dtype`` with a cache in ``kv_cache_dtype`` on ``device``."""
-    return device.type == "cpu" and dtype in DTYPES and kv_cache_dtype == dtype
+def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> bool:
+    """Whether the fused kernels run the layers: with the ``numba`` backend (CPU only, its ``configure``
+    refuses any other device), a model in float32 or bf16 and the cache in the same dtype."""
+    return isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype
 
 
 class FusedLayers:
