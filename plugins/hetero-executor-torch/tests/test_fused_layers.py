@@ -13,16 +13,13 @@ from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
 from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.kernel_attention import kernel_array
 from hetero_executor_torch.model import LlamaModel
 
 cpu_fused = pytest.importorskip("hetero_kernels.cpu_fused", reason="hetero_kernels not installed")
 
 BLOCK_SIZE = 4
 GREEDY = GenerationParams(temperature=0.0, max_tokens=4)
-
-
-def bits(tensor: torch.Tensor):
-    return tensor.view(torch.uint16).numpy()
 
 
 def test_bfloat16_rope_and_cache_writes_round_as_the_torch_ops() -> None:
@@ -39,7 +36,7 @@ def test_bfloat16_rope_and_cache_writes_round_as_the_torch_ops() -> None:
     slots = tables[:, 0].long() * BLOCK_SIZE
     out = torch.empty(batch, heads, head_size, dtype=torch.bfloat16)
     cpu_fused.rotary_decode_attention(
-        bits(out), bits(qkv), bits(cos), bits(sin), bits(k_cache), bits(v_cache), slots.numpy(), tables.numpy(), torch.ones(batch, dtype=torch.int32).numpy(), heads, 0.125
+        kernel_array(out), kernel_array(qkv), kernel_array(cos), kernel_array(sin), kernel_array(k_cache), kernel_array(v_cache), slots.numpy(), tables.numpy(), torch.ones(batch, dtype=torch.int32).numpy(), heads, 0.125
     )
     parts = qkv.view(batch, heads + 2 * kv_heads, head_size)
     keys = LlamaModel.rotate(parts[:, heads : heads + kv_heads], cos[:, None], sin[:, None])
@@ -55,7 +52,7 @@ def test_bfloat16_norm_is_within_one_rounding_of_the_torch_op() -> None:
     hidden, delta, weight = torch.randn(64, 576) * 3, torch.randn(64, 576).bfloat16(), torch.randn(576)
     expected = F.rms_norm(hidden + delta, (576,), weight, 1e-5).to(torch.bfloat16)
     stream, out = hidden.clone(), torch.empty(64, 576, dtype=torch.bfloat16)
-    cpu_fused.rms_norm(stream.numpy(), weight.numpy(), 1e-5, bits(out), bits(delta))
+    cpu_fused.rms_norm(stream.numpy(), weight.numpy(), 1e-5, kernel_array(out), kernel_array(delta))
     assert torch.equal(stream, hidden + delta)
     apart = (out.view(torch.int16).int() - expected.view(torch.int16).int()).abs()
     assert apart.max() <= 1 and (apart > 0).float().mean() < 1e-3
