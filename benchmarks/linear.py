@@ -1,10 +1,12 @@
-"""One linear layer's time per call by rows, at SmolLM2's shapes: packed int4, packed int8, dense bf16.
+"""One linear layer's time per call by rows, at SmolLM2's shapes: packed int4, packed int8, dense bf16
+(plain ``F.linear``, then reordered for oneDNN as the engine runs it).
 
     python benchmarks/linear.py [--rows 1,2,4,8,16,32] [--threads 2]
 
 Each figure is the lower quartile of 40 timed calls (the machine is shared:
 the quartile is steadier than the mean). This is what ``PACKED_MAX_ROWS``
-in ``hetero_executor_torch.quantized`` was chosen from.
+in ``hetero_executor_torch.quantized`` was chosen from, and what shows the
+blocked bf16 layout's gain over ``F.linear``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hetero_executor_torch.quantized import GroupQuantized, Int4Weights, Int8Weights
+from hetero_executor_torch.quantized import DenseLinear, GroupQuantized, Int4Weights, Int8Weights
 
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 
@@ -38,16 +40,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    print(f"{args.threads} threads; microseconds per call (int4 / int8 / bf16) by rows")
+    print(f"{args.threads} threads; microseconds per call (int4 / int8 / bf16 plain / bf16 blocked) by rows")
     with torch.inference_mode():
         for name, (out_features, in_features) in SHAPES.items():
             weight = torch.randn(out_features, in_features) * 0.02
             int4, int8, dense = Int4Weights(GroupQuantized.from_dense(weight), torch.bfloat16), Int8Weights(weight, torch.bfloat16), weight.bfloat16()
+            blocked = DenseLinear(dense, None)
             cells = []
             for n in rows:
                 x = torch.randn(n, in_features, dtype=torch.bfloat16)
-                figures = (quartile_us(lambda: int4.matmul(x)), quartile_us(lambda: int8.matmul(x)), quartile_us(lambda: F.linear(x, dense)))
-                cells.append(f"{n}: {figures[0]:.0f}/{figures[1]:.0f}/{figures[2]:.0f}")
+                calls = (lambda: int4.matmul(x), lambda: int8.matmul(x), lambda: F.linear(x, dense), lambda: blocked(x))
+                cells.append(f"{n}: " + "/".join(f"{quartile_us(call):.0f}" for call in calls))
             print(f"  {name:8s} {out_features}x{in_features}  " + "  ".join(cells), flush=True)
 
 

@@ -74,16 +74,16 @@ class LlamaModel:
         table_format = "int8" if weight_format in ("int8", "int4") else weight_format
         self.weight_format = weight_format
 
-        def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format) -> Linear:
-            return make_linear(concat(parts), None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device)
+        def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format, table: bool = False) -> Linear:
+            return make_linear(concat(parts), None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device, table)
 
         try:
             embed = weights.pop("model.embed_tokens.weight")
             self.norm = weights.pop("model.norm.weight").to(device=device, dtype=torch.float32)
             head = weights.pop("lm_head.weight", None)
             tied = config.tie_word_embeddings or head is None
-            self.lm_head = linear([embed if tied else head], None, table_format)
-            self.embedding = self.lm_head if tied else linear([embed], None, table_format)
+            self.lm_head = linear([embed if tied else head], None, table_format, table=tied)
+            self.embedding = self.lm_head if tied else linear([embed], None, table_format, table=True)
             self.layers = [Layer(weights, f"model.layers.{i}", config, linear) for i in range(config.num_layers)]
             for layer in self.layers:
                 layer.input_norm = layer.input_norm.to(device=device, dtype=torch.float32)

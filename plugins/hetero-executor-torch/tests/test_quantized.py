@@ -17,7 +17,7 @@ from hetero_core.params import GenerationParams
 from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
 from hetero_executor_torch.loading import q4_groups, q8_groups, unpermute, unpermute_weight
-from hetero_executor_torch.quantized import PACKED_MAX_ROWS, SPLIT_MAX_ROWS, GroupQuantized, PackedLinear, SplitInt4Weights, make_linear
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, SPLIT_MAX_ROWS, GroupQuantized, PackedLinear, SplitInt4Weights, make_linear, onednn_blocked
 
 from .test_tiny_model import our_logits
 
@@ -70,12 +70,31 @@ def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtyp
     linear = make_linear(weight, bias.to(dtype), fmt, dtype, CPU)
     assert isinstance(linear, PackedLinear)
     x = torch.randn(rows, 96)
-    held = linear.weight.float()  # the quantized weights, dequantized
+    held = linear.dense().float()  # the quantized weights, dequantized
     expected = x.to(dtype).float() @ held.T + bias.to(dtype).float()
     tolerance = 1e-4 if dtype == torch.float32 else 5e-2
     torch.testing.assert_close(linear(x.to(dtype)).float(), expected, atol=tolerance, rtol=tolerance)
     step = 1 / 15 if fmt == "int4" else 1 / 127
     assert float((held - weight).abs().max()) <= step * float(weight.abs().max()) * 2  # and those are close to the originals
+
+
+@pytest.mark.parametrize("rows", [0, 1, 33, 300])
+def test_dense_bf16_weights_run_blocked_as_f_linear_runs_them(rows: int) -> None:
+    torch.manual_seed(0)
+    weight, bias = (torch.randn(80, 96) * 0.05).bfloat16(), torch.randn(80).bfloat16()
+    if onednn_blocked(weight) is None:
+        pytest.skip("this torch's oneDNN has no bf16 matmul")
+    linear = make_linear(weight, bias, "dense", torch.bfloat16, CPU)
+    assert linear.weight is None and torch.equal(linear.dense(), weight)  # one copy, blocked
+    x = torch.randn(rows + 7, 96).bfloat16()[7:]  # a view, not at the storage's start
+    torch.testing.assert_close(linear(x), torch.nn.functional.linear(x, weight, bias))
+
+
+def test_an_embedding_table_keeps_its_plain_weights_for_lookups() -> None:
+    weight = torch.randn(80, 96).bfloat16()
+    ids = torch.tensor([0, 5, 79])
+    for table in (make_linear(weight, None, "dense", torch.bfloat16, CPU, table=True), make_linear(weight, None, "dense", torch.float32, CPU)):
+        torch.testing.assert_close(table.embed(ids).float(), weight[ids].float())
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +113,7 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
     x = torch.randn(PACKED_MAX_ROWS, dense.shape[1], generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(linear.weight, dense)
+    torch.testing.assert_close(linear.dense(), dense)
 
 
 @pytest.mark.model  # the embedded model's weights
