@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from hetero_core.batch import ScheduledSequence
 from hetero_core.params import GenerationParams
-from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
+from hetero_executor_torch.sampling import Sampler, argmax_rows, sample_each_alone_on_failure
 
 VOCAB = 16
 
@@ -181,3 +181,11 @@ def test_every_valid_parameter_set_samples_a_token_with_finite_logprobs(
     assert out.errors == {} and 0 <= out.sampled_token_ids[0] < VOCAB
     entry = out.logprobs[0]
     assert all(math.isfinite(lp) and lp <= 0.0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows=st.integers(0, 40), width=st.integers(1, 3000), levels=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_argmax_rows_picks_the_first_largest_as_argmax_does(rows: int, width: int, levels: int, seed: int) -> None:
+    """Few distinct values, so most rows hold their maximum several times."""
+    values = torch.randint(0, levels, (rows, width), generator=torch.Generator().manual_seed(seed)).float()
+    assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
