@@ -13,8 +13,8 @@ are and widened inside torch's CPU kernels:
   activations' dtype (bf16 rounds the file's f16 scales, float32 keeps them).
 - 8-bit groups (GGUF's Q8_0 block, ``w = scale * q`` with ``q`` in
   -128..127) run as the sum of two such int4 weights, the high and the low
-  nibble of each ``q`` (:class:`SplitQuantized`): exact again, two kernel
-  calls instead of one, still far fewer bytes than bf16.
+  nibble of each ``q`` (:class:`SplitQuantized`): exact again, twice the
+  int4 work, still far fewer bytes than bf16.
 - ``int8``: one symmetric scale per output channel
   (``_weight_int8pack_mm``); offered for dense checkpoints.
 
@@ -180,14 +180,18 @@ class Int4Weights:
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
-class SplitInt4Weights:
-    """:class:`SplitQuantized` weights: two packed int4 matmuls, summed in float32."""
+class SplitInt4Weights(Int4Weights):
+    """:class:`SplitQuantized` weights as one packed int4 weight twice as wide, the high half's groups
+    then the low half's, multiplied by the input written twice: the kernel sums both halves in its
+    float32 accumulator, in one call (a sixth faster than two calls for SmolLM2's head at one row)."""
 
     def __init__(self, weight: SplitQuantized, dtype: torch.dtype) -> None:
-        self.high, self.low = Int4Weights(weight.high, dtype), Int4Weights(weight.low, dtype)
+        high, low = weight.high, weight.low
+        side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
+        super().__init__(side_by_side, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.high.matmul(x).float() + self.low.matmul(x).float()).to(x.dtype)
+        return super().matmul(torch.cat([x, x], dim=1))
 
 
 class Int8Weights:
@@ -233,7 +237,7 @@ class PackedLinear(DenseLinear):
 
 
 PACKED_MAX_ROWS = 8
-SPLIT_MAX_ROWS = 1  # two int4 calls: from two rows the blocked bf16 head is faster
+SPLIT_MAX_ROWS = 1  # twice the int4 work: from two rows the blocked bf16 head is faster
 
 
 def make_linear(
