@@ -18,7 +18,8 @@ are and widened inside torch's CPU kernels:
 - ``int8``: one symmetric scale per output channel
   (``_weight_int8pack_mm``); offered for dense checkpoints.
 
-Steps with more rows run the same weights dense (see :class:`PackedLinear`).
+Steps with more rows run the same weights dense (see :class:`PackedLinear`), in
+oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
 
 Dense weights (a Hugging Face checkpoint in bf16) are quantized at load time:
 int4 by each group's min and max, int8 by each row's largest magnitude.
@@ -125,13 +126,18 @@ class Linear(Protocol):
     def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
 
 
+ONEDNN_ROWS_HINT = 32  # the rows oneDNN picks its blocking for (32, 512 and 4,096 measured alike)
+
+
 def onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
     """bf16 CPU weights reordered once into oneDNN's blocked layout, or None where oneDNN cannot take them.
 
     ``F.linear`` hands oneDNN plain weights, which it reorders on every call;
     reordered up front they make the bf16 matmul about 1.4x faster from 1 to
-    256 rows on SmolLM2's shapes, and as fast above (``benchmarks/linear.py``).
-    The sums are oneDNN's either way.
+    256 rows on SmolLM2's shapes, as fast to 2,048 and 1.2x slower at 4,096
+    (``benchmarks/linear.py``), which cost nothing measurable on a whole
+    prefill (figures in ``benchmarks/README.md``). The sums are oneDNN's
+    either way.
     """
     usable = (
         weight.device.type == "cpu"
@@ -140,9 +146,6 @@ def onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
     return torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT) if usable else None
-
-
-ONEDNN_ROWS_HINT = 32  # the rows oneDNN picks its blocking for; measured as fast from 1 to 2048 rows
 
 
 class DenseLinear:
