@@ -78,8 +78,11 @@ def weight_bytes(model) -> int:
     def tensor_bytes(holder) -> int:  # the tensors a weight holder keeps, through nested holders (a split int8 head's halves)
         return sum(v.nbytes if isinstance(v, torch.Tensor) else tensor_bytes(v) for v in vars(holder).values() if isinstance(v, torch.Tensor) or hasattr(v, "__dict__"))
 
+    def dense_bytes(linear) -> int:  # one copy: oneDNN's blocked layout where there is one (a tied head keeps both)
+        return (linear.blocked if linear.blocked is not None else linear.weight).nbytes
+
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    return sum(tensor_bytes(getattr(linear, "packed", linear)) for linear in linears)
+    return sum(tensor_bytes(linear.packed) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
 
 
 def compile_times_ms(engine) -> dict:
