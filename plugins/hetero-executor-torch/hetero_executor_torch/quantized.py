@@ -143,6 +143,7 @@ def onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")  # private ops, the ones inductor uses
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
     return torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT) if usable else None
