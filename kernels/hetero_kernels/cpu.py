@@ -15,7 +15,7 @@ them, and by the time a layer's attention runs, its weights have pushed the
 cache out of the CPU's caches. The hardware prefetcher cannot follow a
 block table, so the scores pass asks for each key row ``PREFETCH_AHEAD``
 positions before it reads it, and for each value row a pass before (about
-a quarter faster on a cold cache, measured in ``benchmarks/attention.py``).
+a quarter faster on a cold cache; figures in ``benchmarks/README.md``).
 
 Items run in parallel (``prange``).
 
