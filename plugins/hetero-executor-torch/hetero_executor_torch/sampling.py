@@ -35,11 +35,11 @@ def _penalised(params) -> bool:
     return params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
 
 
-
 def argmax_rows(values: torch.Tensor) -> torch.Tensor:
     """Each row's index of its first largest value, as ``argmax`` gives it: ``max``'s indices are
     the same and, on the CPU, 2.5x faster over 32 rows of 49,152 logits (1.2 against 0.5 ms)."""
     return values.max(dim=-1).indices
+
 
 class Sampler:
     """Samples one token per row of logits, following each sequence's :class:`GenerationParams`."""
