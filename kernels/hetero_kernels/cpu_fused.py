@@ -32,7 +32,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, attend_span, interleaved
+from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, _load, attend_span, interleaved
 from hetero_kernels.dtypes import NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -53,16 +53,10 @@ def _float32_to_bfloat16(typingctx, value):
     return types.uint16(types.float32), codegen
 
 
+@njit(inline="always", **_OPTIONS)
 def _get(array, i):
-    """``array[i]`` as a float32 (compiled only, see the overload)."""
-    raise NotImplementedError
-
-
-@overload(_get, inline="always")
-def _get_overload(array, i):
-    if array.dtype == types.uint16:
-        return lambda array, i: _bfloat16_to_float32(array[i])
-    return lambda array, i: np.float32(array[i])
+    """``array[i]`` as a float32: activations are float32 or bfloat16 bits, read as the cache is."""
+    return _load(array, i, WIDEN_BFLOAT16)
 
 
 def _put(array, i, value):
