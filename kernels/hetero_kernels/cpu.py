@@ -95,20 +95,32 @@ def _prefetch_row(cache, block, offset, first_kv_head, kv_heads):
 def _weight(shifted):
     """``exp(shifted)`` for a score ``shifted`` under its head's maximum (so at most 0), or 0 below
     NEGLIGIBLE, where the weight is under 1e-26 of the largest: nothing in float32, and its exp and
-    products would be subnormal, which the CPU computes many times slower.
+    products would be subnormal, which the CPU computes many times slower."""
+    return _exp_in_range(max(shifted, NEGLIGIBLE)) if shifted > NEGLIGIBLE else np.float32(0.0)
+
+
+@njit(inline="always", **_OPTIONS)
+def exp(x):
+    """``exp(x)`` in float32, ``x`` clamped to -87..88 (below, the result would be subnormal, which
+    the CPU computes many times slower; above, it overflows)."""
+    return _exp_in_range(min(max(x, np.float32(-87.0)), np.float32(88.0)))
+
+
+@njit(inline="always", **_OPTIONS)
+def _exp_in_range(x):
+    """``exp(x)`` for ``x`` in -87..88.
 
     numpy's exp is a call per element (Numba has no vector math library here); this one is
-    arithmetic, so the softmax loop vectorises: ``2**n * exp(r)`` with ``n`` the nearest integer to
-    ``shifted / ln 2`` and ``exp(r)``, ``|r| <= ln 2 / 2``, by its Taylor series to ``r**6``: relative
+    arithmetic, so loops over it vectorise: ``2**n * exp(r)`` with ``n`` the nearest integer to
+    ``x / ln 2`` and ``exp(r)``, ``|r| <= ln 2 / 2``, by its Taylor series to ``r**6``: relative
     error under 3e-7 against float64 over the whole range."""
-    clamped = max(shifted, NEGLIGIBLE)
-    n = np.floor(clamped * np.float32(1.4426950408889634) + np.float32(0.5))
-    r = (clamped - n * np.float32(0.693145751953125)) - n * np.float32(1.4286068203094172e-06)  # ln 2 in two parts
+    n = np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5))
+    r = (x - n * np.float32(0.693145751953125)) - n * np.float32(1.4286068203094172e-06)  # ln 2 in two parts
     series = np.float32(1.0) + r * (
         np.float32(1.0)
         + r * (np.float32(1 / 2) + r * (np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * np.float32(1 / 720)))))
     )
-    return series * _power_of_two(np.int32(n)) if shifted > NEGLIGIBLE else np.float32(0.0)
+    return series * _power_of_two(np.int32(n))
 
 
 def _load(row, d, table):

@@ -1,4 +1,4 @@
-"""The fused layer kernels against numpy in float64: RoPE, cache writes and attention, norms.
+"""The fused layer kernels against numpy in float64: RoPE, cache writes and attention, norms, SwiGLU.
 
 That bfloat16 activations round where torch's ops round is checked against
 torch itself, in the torch executor's tests (``test_fused_layers.py``).
@@ -94,6 +94,21 @@ def test_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat16: b
     np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
     cpu_fused.rms_norm(hidden, weight, 1e-5, out)
     np.testing.assert_allclose(widen(out), expected, rtol=1e-2 if bfloat16 else 1e-5, atol=1e-2 if bfloat16 else 1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 3, 40]), st.sampled_from([1, 8, 1536]), st.integers(0, 2**31 - 1), st.booleans())
+def test_swiglu_matches_reference(rows: int, size: int, seed: int, bfloat16: bool) -> None:
+    """Gates far out on both sides too: SiLU is about 0 below -20 and the identity above 20."""
+    rng = np.random.default_rng(seed)
+    gate_up = rng.standard_normal((rows, 2 * size)).astype(np.float32) * rng.choice([1, 10, 100], (rows, 2 * size)).astype(np.float32)
+    gate_up_in = bfloat16_bits(gate_up) if bfloat16 else gate_up
+    gate, up = np.split(widen(gate_up_in), 2, axis=-1)
+    expected = gate / (1 + np.exp(-gate)) * up
+    out = np.empty((rows, size), dtype=np.uint16 if bfloat16 else np.float32)
+    cpu_fused.swiglu(gate_up_in, out)
+    tolerance = 2 * 2.0**-8 if bfloat16 else 1e-6  # bfloat16: the SiLU and the product each rounded
+    np.testing.assert_allclose(widen(out), expected, rtol=tolerance, atol=1e-30)
 
 
 @settings(max_examples=40, deadline=None)

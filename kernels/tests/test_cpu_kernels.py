@@ -78,3 +78,18 @@ def test_softmax_weights_are_exp_to_float32_precision_and_zero_below_the_cutoff(
     np.testing.assert_allclose(weights[kept], np.exp(scores[kept].astype(np.float64)), rtol=3e-7, atol=0)
     assert weights[0] == 1.0
     assert not weights[~kept].any()
+
+
+@njit
+def _exp(values, out):
+    for i in range(values.shape[0]):
+        out[i] = cpu.exp(values[i])
+
+
+def test_exp_is_float32_precise_from_minus_87_to_88_and_clamped_outside() -> None:
+    values = np.linspace(-87, 88, 1_750_001, dtype=np.float32)
+    got = np.empty_like(values)
+    _exp(values, got)
+    np.testing.assert_allclose(got, np.exp(values.astype(np.float64)), rtol=3e-7, atol=0)
+    _exp(np.array([-1e4, -87, 88, 1e4], dtype=np.float32), got[:4])
+    assert got[0] == got[1] and got[2] == got[3] and np.isfinite(got[:4]).all()

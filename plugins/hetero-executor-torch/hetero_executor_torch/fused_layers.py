@@ -5,12 +5,12 @@ function as :meth:`LlamaModel.hidden_states
 <hetero_executor_torch.model.LlamaModel.hidden_states>`, op for op in the
 same roundings (the reductions reassociated):
 
-- a decode-only step runs a layer as its four matmuls, two norm calls and
-  one call for RoPE, the cache write and attention, where the torch ops
-  were about twenty: at batch 1 their dispatch costs more than their
-  arithmetic;
-- a step with prefill chunks normalizes, rotates and writes the cache in
-  one pass each (torch's ops make several over a long chunk), and attends
+- a decode-only step runs a layer as its four matmuls, two norm calls,
+  one call for RoPE, the cache write and attention and one for SwiGLU,
+  where the torch ops were about twenty: at batch 1 their dispatch costs
+  more than their arithmetic;
+- a step with prefill chunks normalizes, rotates and writes the cache and
+  applies SwiGLU in one pass each (torch's ops make several over a long chunk), and attends
   through the backend.
 
 Figures are in ``benchmarks/README.md``.
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetero_executor_torch.attention import AttentionInputs
 from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
@@ -63,14 +62,16 @@ class FusedLayers:
         # the inputs of each layer's projections, overwritten layer after layer
         x = torch.empty(rows, config.hidden_size, dtype=dtype)
         x_out = kernel_array(x)
+        mlp = torch.empty(rows, config.intermediate_size, dtype=dtype)  # SwiGLU's output, the down projection's input
+        mlp_out = kernel_array(mlp)
         attend = self._decodes(attention) if attention.num_decodes == rows else self._chunks(attention)
         kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
         last = len(model.layers) - 1
         for i, (layer, (k_cache, v_cache), caches) in enumerate(zip(model.layers, kv_caches, self._cache_arrays(kv_caches))):
             attended = attend(layer.qkv(x), cos, sin, k_cache, v_cache, caches)
             kernels.rms_norm(stream, self.post_norms[i], self.eps, x_out, kernel_array(layer.o_proj(attended.view(rows, -1))))
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            down = layer.down(F.silu(gate) * up)
+            kernels.swiglu(kernel_array(layer.gate_up(x)), mlp_out)
+            down = layer.down(mlp)
             if i == last:
                 hidden += down
             else:
