@@ -9,9 +9,9 @@ same roundings (the reductions reassociated):
   one call for RoPE, the cache write and attention and one for SwiGLU,
   where the torch ops were about twenty: at batch 1 their dispatch costs
   more than their arithmetic;
-- a step with prefill chunks normalizes, rotates and writes the cache and
-  applies SwiGLU in one pass each (torch's ops make several over a long chunk), and attends
-  through the backend.
+- a step with prefill chunks normalizes, rotates and writes the cache, and
+  applies SwiGLU, in one pass each (torch's ops make several over a long
+  chunk), and attends through the backend.
 
 Figures are in ``benchmarks/README.md``.
 """
