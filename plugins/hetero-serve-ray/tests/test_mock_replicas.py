@@ -66,14 +66,18 @@ def test_a_busy_replica_gives_way_to_the_least_loaded(server: ReplicatedServer) 
     prompt = SYSTEM + "Count."
     assert complete(server, prompt).status_code == 200  # the prefix now has a home
     before = submitted(server)
-    long_request = threading.Thread(target=complete, args=(server, prompt, 300))
-    long_request.start()  # 300 tokens outstanding on the prefix's replica: over imbalance_tokens
-    wait_until(lambda: any(r.load for r in server.backend.replicas), "the long request is routed")
-    loaded = next(r.index for r in server.backend.replicas if r.load)
-    assert complete(server, prompt).status_code == 200
-    after = submitted(server)
-    assert after[loaded] - before[loaded] == 1 and after[1 - loaded] - before[1 - loaded] == 1
-    long_request.join()
+    # 900 tokens outstanding on the prefix's replica: over imbalance_tokens (300) until about 600 are
+    # produced, 6 s at the mock's 10 ms a step, so a busy test machine still routes the next one in time
+    long_request = threading.Thread(target=complete, args=(server, prompt, 900))
+    long_request.start()
+    try:
+        wait_until(lambda: any(r.load for r in server.backend.replicas), "the long request is routed")
+        loaded = next(r.index for r in server.backend.replicas if r.load)
+        assert complete(server, prompt).status_code == 200
+        after = submitted(server)
+        assert after[loaded] - before[loaded] == 1 and after[1 - loaded] - before[1 - loaded] == 1
+    finally:
+        long_request.join()  # the next tests count running requests
 
 
 def test_a_client_that_leaves_aborts_its_request_on_the_replica(server: ReplicatedServer) -> None:

@@ -104,9 +104,11 @@ def test_constraints_hold_when_the_pool_preempts() -> None:
 
 
 def test_logit_bias_of_minus_100_removes_the_greedy_token(engine) -> None:
+    """Whatever the greedy answer starts with (in bf16 this question sits on a near tie between
+    "The capital..." and "L'Étoile...", which last-bit differences between CPUs can flip)."""
     question = [{"role": "user", "content": "What is the capital of France?"}]
     (plain,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0))])
-    assert "Paris" in plain.output_text
-    paris = {t: -100 for t in {engine.tokenizer.encode(w, add_special_tokens=False)[0] for w in (" Paris", "Paris")}}
-    (biased,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0, logit_bias=paris))])
-    assert "Paris" not in biased.output_text
+    first = plain.generated_tokens[0]
+    (biased,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0, logit_bias={first: -100}))])
+    assert first not in biased.generated_tokens
+    assert biased.output_text != plain.output_text
