@@ -104,8 +104,9 @@ def test_constraints_hold_when_the_pool_preempts() -> None:
 
 
 def test_logit_bias_of_minus_100_removes_the_greedy_token(engine) -> None:
-    """Whatever the greedy answer starts with (in bf16 this question sits on a near tie between
-    "The capital..." and "L'Étoile...", which last-bit differences between CPUs can flip)."""
+    """Whatever the greedy answer starts with: in bf16 this question sits on a near tie between
+    "The capital..." and "L'Étoile...", which last-bit differences flip (between CPUs, and between a
+    fresh Numba compile and a cached one of the same attention kernel)."""
     question = [{"role": "user", "content": "What is the capital of France?"}]
     (plain,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0))])
     first = plain.generated_tokens[0]
