@@ -22,11 +22,12 @@ from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 
 SYSTEM = "You are a terse assistant. Answer in one word. " * 2  # 96 characters: 24 blocks of the simple tokenizer
+IMBALANCE_TOKENS = 300  # the router's: past this many outstanding tokens over another replica, affinity gives way
 
 
 @pytest.fixture(scope="module")
 def server(ray_cluster: str) -> Iterator[ReplicatedServer]:
-    options = {"num_cpus_per_replica": 0.5, "health_check_interval": 0.2, "routing_options": {"imbalance_tokens": 300}}
+    options = {"num_cpus_per_replica": 0.5, "health_check_interval": 0.2, "routing_options": {"imbalance_tokens": IMBALANCE_TOKENS}}
     with ReplicatedServer(mock_config(server={"model_name": "mock", "backend_options": options})) as running:
         yield running
 
@@ -66,13 +67,15 @@ def test_a_busy_replica_gives_way_to_the_least_loaded(server: ReplicatedServer) 
     prompt = SYSTEM + "Count."
     assert complete(server, prompt).status_code == 200  # the prefix now has a home
     before = submitted(server)
-    # 900 tokens outstanding on the prefix's replica: over imbalance_tokens (300) until about 600 are
-    # produced, 6 s at the mock's 10 ms a step, so a busy test machine still routes the next one in time
+    # 900 tokens outstanding on the prefix's replica: over IMBALANCE_TOKENS until about 600 are produced,
+    # 6 s at the mock's 10 ms a step, so a busy test machine still routes the next one in time
     long_request = threading.Thread(target=complete, args=(server, prompt, 900))
     long_request.start()
     try:
-        wait_until(lambda: any(r.load for r in server.backend.replicas), "the long request is routed")
-        loaded = next(r.index for r in server.backend.replicas if r.load)
+        # over the threshold, not merely loaded: the first request's prompt tokens leave its replica's load
+        # only after its response has reached the client
+        wait_until(lambda: any(r.load > IMBALANCE_TOKENS for r in server.backend.replicas), "the long request is routed")
+        loaded = next(r.index for r in server.backend.replicas if r.load > IMBALANCE_TOKENS)
         assert complete(server, prompt).status_code == 200
         after = submitted(server)
         assert after[loaded] - before[loaded] == 1 and after[1 - loaded] - before[1 - loaded] == 1
