@@ -31,6 +31,7 @@ import resource
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -61,6 +62,7 @@ def peak_rss_mb() -> float:
 
 def memory_bandwidth_gbs() -> float:
     """Read bandwidth of a sum over 256 MiB (what streaming weights at batch 1 is bound by)."""
+    import numpy as np
     import torch
 
     data = torch.ones(64 * 2**20)
@@ -73,10 +75,16 @@ def memory_bandwidth_gbs() -> float:
 
 def weight_bytes(model) -> int:
     """Bytes a batch-1 decode step reads: every linear layer's (packed ones: the packed tensors) and the head's."""
+    import numpy as np
     import torch
 
-    def tensor_bytes(holder) -> int:  # the tensors a weight holder keeps, through nested holders (a split int8 head's halves)
-        return sum(v.nbytes if isinstance(v, torch.Tensor) else tensor_bytes(v) for v in vars(holder).values() if isinstance(v, torch.Tensor) or hasattr(v, "__dict__"))
+    def tensor_bytes(holder) -> int:  # the arrays a weight holder keeps, through nested holders (a split int8 head's halves)
+        def size(value) -> int:
+            if isinstance(value, (torch.Tensor, np.ndarray)):
+                return value.nbytes
+            return tensor_bytes(value) if hasattr(value, "matmul") and not isinstance(value, types.ModuleType) else 0
+
+        return sum(size(v) for v in vars(holder).values())
 
     def dense_bytes(linear) -> int:  # one copy: oneDNN's blocked layout where there is one (a tied head keeps both)
         return (linear.blocked if linear.blocked is not None else linear.weight).nbytes
@@ -173,6 +181,7 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
 
 
 def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
+    import numpy as np
     import torch
 
     from hetero_core.model_source import resolve_model_path

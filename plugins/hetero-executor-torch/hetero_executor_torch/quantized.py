@@ -18,6 +18,11 @@ are and widened inside torch's CPU kernels:
 - ``int8``: one symmetric scale per output channel
   (``_weight_int8pack_mm``); offered for dense checkpoints.
 
+On a CPU with AVX-512 VNNI, int4 weights of inputs a multiple of 64 run on
+``hetero_kernels.cpu_int4`` instead (:class:`VnniInt4Weights`): integer dot
+products against the activations quantized to 16 bits per group, for one or
+two rows.
+
 Steps with more rows run the same weights dense (see :class:`PackedLinear`), in
 oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
 
@@ -27,11 +32,14 @@ int4 by each group's min and max, int8 by each row's largest magnitude.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from hetero_executor_torch.kernel_attention import kernel_array
 
 GROUP_SIZE = 32
 WEIGHT_FORMATS = ("auto", "dense", "int8", "int4")
@@ -184,18 +192,56 @@ class Int4Weights:
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
-class SplitInt4Weights(Int4Weights):
-    """:class:`SplitQuantized` weights as one packed int4 weight twice as wide, the high half's groups
-    then the low half's, multiplied by the input written twice: the kernel sums both halves in its
-    float32 accumulator, in one call (a sixth faster than two calls for SmolLM2's head at one row)."""
+class VnniInt4Weights:
+    """Groupwise int4 weights for ``hetero_kernels.cpu_int4``: integer dot products (AVX-512 VNNI) with
+    the activations quantized to 16 bits per group, finer than bfloat16 rounds them; scales and
+    minimums stay exact. For float32 or bfloat16 activations and inputs a multiple of 64."""
 
-    def __init__(self, weight: SplitQuantized, dtype: torch.dtype) -> None:
-        high, low = weight.high, weight.low
-        side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
-        super().__init__(side_by_side, dtype)
+    def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
+        self.kernel = kernel
+        self.packed, self.factors = kernel.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return super().matmul(torch.cat([x, x], dim=1))
+        out = torch.empty(x.shape[0], self.packed.shape[0], dtype=x.dtype)
+        self.kernel.matmul(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
+        return out
+
+
+def _vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> Any:
+    """``hetero_kernels.cpu_int4`` where it can run these weights (installed, this CPU, dtype and shape), else None."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    try:
+        from hetero_kernels import cpu_int4
+    except ImportError:
+        return None
+    return cpu_int4 if cpu_int4.SUPPORTED and in_features % cpu_int4.PAIR == 0 else None
+
+
+def int4_weights(weight: GroupQuantized, dtype: torch.dtype, device: torch.device) -> Int4Weights | VnniInt4Weights:
+    """The fastest int4 kernel for ``weight`` here: :class:`VnniInt4Weights` where it runs, else torch's."""
+    kernel = _vnni_kernel(dtype, device, weight.shape[1])
+    return Int4Weights(weight, dtype) if kernel is None else VnniInt4Weights(weight, kernel)
+
+
+class SplitInt4Weights:
+    """:class:`SplitQuantized` weights as one int4 weight twice as wide, the high half's groups then the
+    low half's, multiplied by the input written twice: the kernel sums both halves in one call (for
+    torch's kernel a sixth faster than two calls for SmolLM2's head at one row).
+
+    For :class:`VnniInt4Weights` both halves' offsets go to the high half (``-128 * scale``, the low
+    half's is 0): the same sum, with every factor exact in float16 (half the bytes of float32). Its
+    integer sums need no centring; torch's float32 partial sums keep theirs."""
+
+    def __init__(self, weight: SplitQuantized, dtype: torch.dtype, device: torch.device) -> None:
+        high, low = weight.high, weight.low
+        if _vnni_kernel(dtype, device, 2 * weight.shape[1]) is not None:
+            high, low = attrs.evolve(high, minimum=high.minimum + low.minimum), attrs.evolve(low, minimum=torch.zeros_like(low.minimum))
+        side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
+        self.halves = int4_weights(side_by_side, dtype, device)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self.halves.matmul(torch.cat([x, x], dim=1))
 
 
 class Int8Weights:
@@ -223,11 +269,12 @@ class PackedLinear(DenseLinear):
     (``benchmarks/linear.py``; the crossover measured on SmolLM2's shapes is
     in ``benchmarks/README.md``). The dense
     copy holds the packed weights' own values, so a model computes the same
-    function at every batch size.
+    function at every batch size (up to rounding: the VNNI kernel's 16-bit
+    activation steps, torch's kernel's bfloat16 scales).
     """
 
     def __init__(
-        self, packed: Int4Weights | SplitInt4Weights | Int8Weights, dense: torch.Tensor, bias: torch.Tensor | None, max_rows: int = 0, table: bool = False
+        self, packed: Int4Weights | VnniInt4Weights | SplitInt4Weights | Int8Weights, dense: torch.Tensor, bias: torch.Tensor | None, max_rows: int = 0, table: bool = False
     ) -> None:
         super().__init__(dense, bias, table)
         self.packed = packed
@@ -239,8 +286,15 @@ class PackedLinear(DenseLinear):
         out = self.packed.matmul(x)
         return out if self.bias is None else out + self.bias
 
+    def int4_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The weights as ``hetero_kernels.cpu_int4`` takes them, ``(bytes, factors)``, where that
+        kernel computes this layer (up to ``max_rows`` rows; no bias to add), else None."""
+        usable = self.bias is None and isinstance(self.packed, VnniInt4Weights)
+        return (self.packed.packed, self.packed.factors) if usable else None
+
 
 PACKED_MAX_ROWS = 8
+VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows the blocked bf16 matmul is faster
 SPLIT_MAX_ROWS = 1  # twice the int4 work: from two rows the blocked bf16 head is faster
 
 
@@ -253,10 +307,12 @@ def make_linear(
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
     if weight_format == "int4" and isinstance(weight, SplitQuantized):
-        return PackedLinear(SplitInt4Weights(weight, dtype), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
+        return PackedLinear(SplitInt4Weights(weight, dtype, device), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
-        return PackedLinear(Int4Weights(quantized, dtype), quantized.dequantize().to(dtype), bias, table=table)
+        packed = int4_weights(quantized, dtype, device)
+        max_rows = VNNI_MAX_ROWS if isinstance(packed, VnniInt4Weights) else PACKED_MAX_ROWS
+        return PackedLinear(packed, quantized.dequantize().to(dtype), bias, max_rows, table)
     if weight_format in ("int4", "int8"):
         packed = Int8Weights(as_dense(weight), dtype)
         return PackedLinear(packed, packed.dequantize().to(dtype), bias, table=table)

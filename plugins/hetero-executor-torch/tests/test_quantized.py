@@ -17,12 +17,47 @@ from hetero_core.params import GenerationParams
 from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
 from hetero_executor_torch.loading import q4_groups, q8_groups, unpermute, unpermute_weight
-from hetero_executor_torch.quantized import PACKED_MAX_ROWS, SPLIT_MAX_ROWS, GroupQuantized, PackedLinear, SplitInt4Weights, make_linear, onednn_blocked
+from hetero_executor_torch.quantized import (
+    PACKED_MAX_ROWS,
+    SPLIT_MAX_ROWS,
+    GroupQuantized,
+    PackedLinear,
+    VNNI_MAX_ROWS,
+    SplitInt4Weights,
+    VnniInt4Weights,
+    make_linear,
+    onednn_blocked,
+)
 
 from .test_tiny_model import our_logits
 
 CPU = torch.device("cpu")
 Q4 = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
+
+
+def activation_steps(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """How far the VNNI int4 kernel may move each output by quantizing the activations to 16 bits
+    per group of 32: half a step per input times its weight (torch's kernels take them as they are)."""
+    step = x.abs().view(x.shape[0], -1, 32).amax(-1) / 32767
+    return (step.repeat_interleave(32, dim=1) / 2) @ weights.abs().T
+
+
+def assert_within(actual: torch.Tensor, expected: torch.Tensor, slack: torch.Tensor, tolerance: float) -> None:
+    excess = (actual - expected).abs() - slack - tolerance * (1 + expected.abs())
+    assert float(excess.max()) <= 0, f"off by {float(excess.max())} beyond the allowed"
+
+
+def vnni_here() -> bool:
+    try:
+        from hetero_kernels import cpu_int4
+    except ImportError:
+        return False
+    return cpu_int4.SUPPORTED
+
+
+def uses_vnni(linear: PackedLinear) -> bool:
+    packed = linear.packed.halves if isinstance(linear.packed, SplitInt4Weights) else linear.packed
+    return isinstance(packed, VnniInt4Weights)
 
 
 @pytest.mark.parametrize("kind", Q4, ids=lambda k: k.name)
@@ -63,17 +98,17 @@ def test_int4_from_dense_errs_at_most_half_a_step(rows: int, out_blocks: int, in
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", [1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 33])
+@pytest.mark.parametrize("rows", sorted({1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 33}))
 def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtype: torch.dtype, rows: int) -> None:
     torch.manual_seed(0)
-    weight, bias = torch.randn(80, 96) * 0.05, torch.randn(80)
+    weight, bias = torch.randn(80, 128) * 0.05, torch.randn(80)
     linear = make_linear(weight, bias.to(dtype), fmt, dtype, CPU)
     assert isinstance(linear, PackedLinear)
-    x = torch.randn(rows, 96)
+    x = torch.randn(rows, 128).to(dtype).float()
     held = linear.dense().float()  # the quantized weights, dequantized
-    expected = x.to(dtype).float() @ held.T + bias.to(dtype).float()
-    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    torch.testing.assert_close(linear(x.to(dtype)).float(), expected, atol=tolerance, rtol=tolerance)
+    expected = x @ held.T + bias.to(dtype).float()
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    assert_within(linear(x.to(dtype)).float(), expected, activation_steps(x, held), tolerance)
     step = 1 / 15 if fmt == "int4" else 1 / 127
     assert float((held - weight).abs().max()) <= step * float(weight.abs().max()) * 2  # and those are close to the originals
 
@@ -111,8 +146,9 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
-    x = torch.randn(PACKED_MAX_ROWS, dense.shape[1], generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-4)
+    x = torch.randn(linear.max_rows, dense.shape[1], generator=torch.Generator().manual_seed(2))  # the most it runs packed
+    assert uses_vnni(linear) == vnni_here()
+    assert_within(linear(x), x @ dense.T, activation_steps(x, dense), 1e-5)
     torch.testing.assert_close(linear.dense(), dense)
 
 
@@ -125,8 +161,11 @@ def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q8_groups(tensor.data), None, "auto", torch.float32, CPU)
     assert isinstance(linear, PackedLinear) and isinstance(linear.packed, SplitInt4Weights)
+    assert uses_vnni(linear) == vnni_here()
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
-    torch.testing.assert_close(linear(x), x @ dense.T, atol=1e-4, rtol=1e-4)
+    halves = q8_groups(tensor.data)
+    magnitudes = halves.high.dequantize().abs() + halves.low.dequantize().abs()  # each half is quantized alike
+    assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes), 1e-5)
     torch.testing.assert_close(linear.embed(torch.tensor([0, 7, 49151])), dense[[0, 7, 49151]])
 
 
