@@ -25,7 +25,9 @@ Activations are float32 or bfloat16 (passed as raw bits, ``uint16``, see
 bfloat16 where torch's ops would (RoPE's products and their sum), so the
 results match torch's op by op. The reductions (RMSNorm's
 mean of squares, attention) accumulate in float32, reassociated. The cache
-is in the activations' dtype.
+is in the activations' dtype, except that :func:`rotary_decode_attention`
+also takes float32 activations with a bfloat16 cache (keys and values
+rounded as they are written).
 """
 
 from __future__ import annotations
@@ -153,12 +155,15 @@ def _rotate(dest, row, start, cos, sin, like):
 
 @njit(inline="always", **_OPTIONS)
 def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
-    """``key`` (rotated) and the value at ``row[values:]`` into ``slot`` of the caches (skipped when negative)."""
+    """``key`` (rotated, in the cache's dtype) and the value at ``row[values:]`` (rounded to the cache's
+    dtype) into ``slot`` of the caches (skipped when negative)."""
     if slot < 0:
         return
     block, offset = slot // k_cache.shape[1], slot % k_cache.shape[1]
     k_cache[block, offset, kv_head] = key
-    v_cache[block, offset, kv_head] = row[values : values + key.shape[0]]
+    value = v_cache[block, offset, kv_head]
+    for d in range(key.shape[0]):
+        _put(value, d, _get(row, values + d))
 
 
 @njit(parallel=True, **_OPTIONS)
@@ -210,14 +215,21 @@ def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_t
     heads, v heads) with ``cos``/``sin`` ``[B, head_size]`` for its position; writes its rotated key and
     its value at ``slots[b]`` of ``k_cache``/``v_cache`` and the attention over the sequence's
     ``context_lens[b]`` positions (this one included) to ``out`` ``[B, heads, head_size]``. Every array
-    but the int tables is in the activations' dtype.
+    but the int tables is in the activations' dtype, or the caches in bfloat16 under float32 activations.
 
     A work item is a sequence with all its heads; below ``SPLIT_BELOW_TOKENS`` sequences, one KV head
     over one of two halves of the positions (merged after), so that both threads get as much work."""
+    plan = decode_plan(qkv.shape[0], k_cache)
+    _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), *plan)
+
+
+def decode_plan(sequences: int, k_cache) -> tuple:
+    """How :func:`rotary_decode_attention` shares out a step: the cache's widening marker, then the parts
+    each sequence's KV heads and the spans its positions are cut into."""
     decode_table = WIDEN_BFLOAT16 if k_cache.dtype == np.uint16 else NO_DECODE_TABLE
-    few = qkv.shape[0] < SPLIT_BELOW_TOKENS
+    few = sequences < SPLIT_BELOW_TOKENS
     parts, spans = (k_cache.shape[2], 2) if few else (1, 1)
-    _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), decode_table, parts, spans)
+    return decode_table, parts, spans
 
 
 @njit(parallel=True, **_OPTIONS)

@@ -13,6 +13,15 @@ same roundings (the reductions reassociated):
   applies SwiGLU, in one pass each (torch's ops make several over a long
   chunk), and attends through the backend.
 
+One exception computes a slightly different, more exact, function: a
+decode-only step of at most two sequences whose projections all run on the
+VNNI int4 kernel (``hetero_kernels.cpu_int4``, GGUF's 4-bit weights on an
+AVX-512 VNNI CPU) runs each layer as one ``hetero_kernels.cpu_layer`` call,
+with the activations in float32 between the kernels, whatever the model's
+dtype; only the cache keeps it. That kernel quantizes the activations to 16
+bits per group, finer than bfloat16, so rounding them to bfloat16 first would
+only add error.
+
 Figures are in ``benchmarks/README.md``.
 """
 
@@ -25,6 +34,7 @@ import torch
 
 from hetero_executor_torch.attention import AttentionInputs
 from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
+from hetero_executor_torch.quantized import PackedLinear
 
 if TYPE_CHECKING:
     from hetero_executor_torch.model import LlamaModel
@@ -38,6 +48,16 @@ def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -
     return isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype
 
 
+def packed_layers(model: LlamaModel) -> tuple[list[tuple], int]:
+    """Each layer's four projections as ``hetero_kernels.cpu_layer`` takes them, and the most rows they
+    run packed; no layers and 0 rows unless every projection has int4 arrays."""
+    projections = [(layer.qkv, layer.o_proj, layer.gate_up, layer.down) for layer in model.layers]
+    linears = [linear for four in projections for linear in four]
+    if not all(isinstance(linear, PackedLinear) and linear.int4_arrays() is not None for linear in linears):
+        return [], 0
+    return [tuple(linear.int4_arrays() for linear in four) for four in projections], min(linear.max_rows for linear in linears)
+
+
 class FusedLayers:
     """Runs a step's decoder layers for ``model``."""
 
@@ -49,6 +69,12 @@ class FusedLayers:
         self.eps = float(model.config.rms_norm_eps)
         self.input_norms = [layer.input_norm.numpy() for layer in model.layers]
         self.post_norms = [layer.post_norm.numpy() for layer in model.layers]
+        self.final_norm = model.norm.numpy()
+        self.packed_layers, self.packed_rows = packed_layers(model)
+        if self.packed_layers:
+            from hetero_kernels import cpu_layer
+
+            self.layer_kernel = cpu_layer
         self._caches: list[Any] | None = None
         self._arrays: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -56,16 +82,19 @@ class FusedLayers:
         """The residual stream after the last layer, [T, hidden] float32, before the final norm."""
         model, kernels, config = self.model, self.kernels, self.model.config
         rows, dtype = input_ids.shape[0], model.dtype
-        cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         hidden = model.embedding.embed(input_ids).float()
         stream = hidden.numpy()
+        if attention.num_decodes == rows and rows <= self.packed_rows:
+            self._packed_decodes(stream, positions, attention, kv_caches)
+            return hidden
+        cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         # the inputs of each layer's projections, overwritten layer after layer
         x = torch.empty(rows, config.hidden_size, dtype=dtype)
         x_out = kernel_array(x)
+        kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
         mlp = torch.empty(rows, config.intermediate_size, dtype=dtype)  # SwiGLU's output, the down projection's input
         mlp_out = kernel_array(mlp)
         attend = self._decodes(attention) if attention.num_decodes == rows else self._chunks(attention)
-        kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
         last = len(model.layers) - 1
         for i, (layer, (k_cache, v_cache), caches) in enumerate(zip(model.layers, kv_caches, self._cache_arrays(kv_caches))):
             attended = attend(layer.qkv(x), cos, sin, k_cache, v_cache, caches)
@@ -77,6 +106,29 @@ class FusedLayers:
             else:
                 kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, kernel_array(down))
         return hidden
+
+    def _packed_decodes(self, stream: np.ndarray, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]) -> None:
+        """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer, leaving the
+        residual stream after the last layer in ``stream``.
+
+        The activations stay float32 from layer to layer (only the cache is in the model's dtype): the
+        projections quantize them to 16 bits per group anyway, so rounding them to bfloat16 first would
+        only add error (``benchmarks/quality.py`` measures the difference)."""
+        config, meta, rows = self.model.config, attention.kernel, stream.shape[0]
+        cos, sin = (table.view(rows, -1).numpy() for table in self.model.rope_tables(positions, torch.float32))
+        caches = self._cache_arrays(kv_caches)
+        tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
+        plan = self.kernels.decode_plan(rows, caches[0][0])
+        qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
+        shapes = ((qkv_size,), (config.num_heads, config.head_size), (config.hidden_size,), (2 * config.intermediate_size,), (config.intermediate_size,))
+        buffers = tuple(np.empty((rows, *shape), dtype=np.float32) for shape in shapes)
+        x = np.empty((rows, config.hidden_size), dtype=np.float32)
+        self.kernels.rms_norm(stream, self.input_norms[0], self.eps, x)
+        scale, eps = np.float32(self.model.scale), np.float32(self.eps)
+        next_norms = self.input_norms[1:] + [self.final_norm]
+        for weights, (k_cache, v_cache), post_norm, next_norm in zip(self.packed_layers, caches, self.post_norms, next_norms):
+            layer_attention = (cos, sin, k_cache, v_cache, *tables, config.num_heads, scale, *plan)
+            self.layer_kernel.decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, layer_attention)
 
     def _decodes(self, attention: AttentionInputs) -> Callable[..., torch.Tensor]:
         """One decode per sequence: RoPE, the cache write and attention in one kernel call per layer."""

@@ -96,11 +96,11 @@ class LlamaModel:
         self.inv_freq = rope_inverse_frequencies(config).to(device)
         self.fused = FusedLayers(self) if fused else None
 
-    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for each token, [T, 1, head_size], in the compute dtype."""
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for each token, [T, 1, head_size], in ``dtype`` (the compute dtype by default)."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]
         angles = torch.cat([angles, angles], dim=-1)[:, None, :]
-        return angles.cos().to(self.dtype), angles.sin().to(self.dtype)
+        return angles.cos().to(dtype or self.dtype), angles.sin().to(dtype or self.dtype)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Normalized in float32 (the residual stream's dtype), returned in the compute dtype."""

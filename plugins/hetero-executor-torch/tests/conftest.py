@@ -14,14 +14,14 @@ from hetero_core.engine import InferenceEngine
 torch.set_num_threads(2)
 
 
-def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0) -> Path:
+def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0, intermediate_size: int = 96) -> Path:
     """A random 2-layer model with grouped-query attention, saved as config.json + safetensors."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
     common = dict(
         vocab_size=259,  # the simple tokenizer's
         hidden_size=64,
-        intermediate_size=96,
+        intermediate_size=intermediate_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

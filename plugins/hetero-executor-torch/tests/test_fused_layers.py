@@ -16,6 +16,8 @@ from hetero_executor_torch import TorchExecutor
 from hetero_executor_torch.kernel_attention import kernel_array
 from hetero_executor_torch.model import LlamaModel
 
+from .conftest import write_tiny_model
+
 cpu_fused = pytest.importorskip("hetero_kernels.cpu_fused", reason="hetero_kernels not installed")
 
 BLOCK_SIZE = 4
@@ -115,3 +117,52 @@ def test_fused_steps_need_the_cache_in_the_model_dtype(tiny_model, dtype, kv_cac
     executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="numba")
     assert (executor.model.fused is not None) == fused
     assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="torch").model.fused is None
+
+
+@pytest.fixture(scope="module")
+def int4_ready_model(tmp_path_factory):
+    """The tiny model with every projection's inputs a multiple of 64, as the VNNI int4 kernel takes them."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama-128"), intermediate_size=128)
+
+
+def decode_step(executor: TorchExecutor, sequences: int) -> torch.Tensor:
+    """Prompts of 1, 7 and 13 tokens prefilled, then one decode each for the first ``sequences``:
+    the residual stream after the last layer, run as the executor runs it."""
+    executor.initialize_cache(64, BLOCK_SIZE)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(259) for _ in range(length)] for length in (1, 7, 13)][:sequences]
+    tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
+    for i, prompt in enumerate(prompts):
+        executor.execute(ExecutionBatch([scheduled(i, prompt, 0, tables[i])], BLOCK_SIZE))
+    step = layout(ExecutionBatch(STEPS["decodes"](prompts, tables), BLOCK_SIZE))
+    with torch.inference_mode():
+        input_ids, positions, attention, kv_caches, _ = executor.model_inputs(step)
+        return executor.model.hidden_states(input_ids, positions, attention, kv_caches)
+
+
+def int4_executor(model, dtype: str) -> TorchExecutor:
+    executor = TorchExecutor(EngineConfig(model=str(model)), dtype=dtype, weights="int4", attention="numba")
+    if executor.model.fused.packed_rows == 0:
+        pytest.skip("no VNNI int4 kernel on this machine")
+    return executor
+
+
+@pytest.mark.parametrize("sequences", [1, 2])
+def test_a_layer_in_one_call_computes_its_kernels_calls(int4_ready_model, sequences: int) -> None:
+    """float32: a decode step through ``cpu_layer`` (one call per layer) equals the same kernels called one by one."""
+    executor = int4_executor(int4_ready_model, "float32")
+    assert sequences <= executor.model.fused.packed_rows
+    packed = decode_step(executor, sequences)
+    executor.model.fused.packed_rows = 0  # the layers' kernels called from Python, one by one
+    assert torch.equal(packed, decode_step(executor, sequences))
+
+
+def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model) -> None:
+    """The one-call layers keep the activations float32 under a bfloat16 model: nearer the float32 model's
+    stream than the same step with every activation rounded to bfloat16."""
+    reference = decode_step(int4_executor(int4_ready_model, "float32"), 2)
+    executor = int4_executor(int4_ready_model, "bfloat16")
+    packed = decode_step(executor, 2)
+    executor.model.fused.packed_rows = 0
+    rounded = decode_step(executor, 2)
+    assert float((packed - reference).abs().mean()) < float((rounded - reference).abs().mean())
