@@ -90,7 +90,10 @@ def weight_bytes(model) -> int:
         return (linear.blocked if linear.blocked is not None else linear.weight).nbytes
 
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    return sum(tensor_bytes(linear.packed) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
+    def packed(linear):  # what a batch-1 step multiplies: the VNNI kernel's arrays where there are some
+        return linear.vnni if getattr(linear, "vnni", None) is not None else linear.packed
+
+    return sum(tensor_bytes(packed(linear)) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
 
 
 def compile_times_ms(engine) -> dict:

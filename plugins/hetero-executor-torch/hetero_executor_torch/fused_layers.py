@@ -34,7 +34,7 @@ import torch
 
 from hetero_executor_torch.attention import AttentionInputs
 from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
-from hetero_executor_torch.quantized import PackedLinear
+from hetero_executor_torch.quantized import VNNI_MAX_ROWS, PackedLinear
 
 if TYPE_CHECKING:
     from hetero_executor_torch.model import LlamaModel
@@ -55,7 +55,7 @@ def packed_layers(model: LlamaModel) -> tuple[list[tuple], int]:
     linears = [linear for four in projections for linear in four]
     if not all(isinstance(linear, PackedLinear) and linear.int4_arrays() is not None for linear in linears):
         return [], 0
-    return [tuple(linear.int4_arrays() for linear in four) for four in projections], min(linear.max_rows for linear in linears)
+    return [tuple(linear.int4_arrays() for linear in four) for four in projections], VNNI_MAX_ROWS
 
 
 class FusedLayers:

@@ -274,27 +274,35 @@ class PackedLinear(DenseLinear):
     """
 
     def __init__(
-        self, packed: Int4Weights | VnniInt4Weights | SplitInt4Weights | Int8Weights, dense: torch.Tensor, bias: torch.Tensor | None, max_rows: int = 0, table: bool = False
+        self,
+        packed: Int4Weights | SplitInt4Weights | Int8Weights,
+        dense: torch.Tensor,
+        bias: torch.Tensor | None,
+        max_rows: int = 0,
+        table: bool = False,
+        vnni: VnniInt4Weights | None = None,
     ) -> None:
         super().__init__(dense, bias, table)
         self.packed = packed
         self.max_rows = max_rows or PACKED_MAX_ROWS
+        self.vnni = vnni  # the same weights for steps of up to VNNI_MAX_ROWS rows, where the CPU has VNNI
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.max_rows:
+        rows = x.shape[0]
+        if rows > self.max_rows:
             return super().__call__(x)
-        out = self.packed.matmul(x)
+        out = (self.vnni if self.vnni is not None and rows <= VNNI_MAX_ROWS else self.packed).matmul(x)
         return out if self.bias is None else out + self.bias
 
     def int4_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The weights as ``hetero_kernels.cpu_int4`` takes them, ``(bytes, factors)``, where that
-        kernel computes this layer (up to ``max_rows`` rows; no bias to add), else None."""
-        usable = self.bias is None and isinstance(self.packed, VnniInt4Weights)
-        return (self.packed.packed, self.packed.factors) if usable else None
+        kernel computes this layer (up to ``VNNI_MAX_ROWS`` rows; no bias to add), else None."""
+        usable = self.bias is None and self.vnni is not None
+        return (self.vnni.packed, self.vnni.factors) if usable else None
 
 
 PACKED_MAX_ROWS = 8
-VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows the blocked bf16 matmul is faster
+VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's int4 kernel is faster
 SPLIT_MAX_ROWS = 1  # twice the int4 work: from two rows the blocked bf16 head is faster
 
 
@@ -310,9 +318,9 @@ def make_linear(
         return PackedLinear(SplitInt4Weights(weight, dtype, device), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
-        packed = int4_weights(quantized, dtype, device)
-        max_rows = VNNI_MAX_ROWS if isinstance(packed, VnniInt4Weights) else PACKED_MAX_ROWS
-        return PackedLinear(packed, quantized.dequantize().to(dtype), bias, max_rows, table)
+        kernel = _vnni_kernel(dtype, device, quantized.shape[1])
+        vnni = None if kernel is None else VnniInt4Weights(quantized, kernel)
+        return PackedLinear(Int4Weights(quantized, dtype), quantized.dequantize().to(dtype), bias, table=table, vnni=vnni)
     if weight_format in ("int4", "int8"):
         packed = Int8Weights(as_dense(weight), dtype)
         return PackedLinear(packed, packed.dequantize().to(dtype), bias, table=table)

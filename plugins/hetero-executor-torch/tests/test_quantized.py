@@ -56,8 +56,9 @@ def vnni_here() -> bool:
 
 
 def uses_vnni(linear: PackedLinear) -> bool:
-    packed = linear.packed.halves if isinstance(linear.packed, SplitInt4Weights) else linear.packed
-    return isinstance(packed, VnniInt4Weights)
+    if isinstance(linear.packed, SplitInt4Weights):
+        return isinstance(linear.packed.halves, VnniInt4Weights)
+    return linear.vnni is not None
 
 
 @pytest.mark.parametrize("kind", Q4, ids=lambda k: k.name)
@@ -146,9 +147,10 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
-    x = torch.randn(linear.max_rows, dense.shape[1], generator=torch.Generator().manual_seed(2))  # the most it runs packed
     assert uses_vnni(linear) == vnni_here()
-    assert_within(linear(x), x @ dense.T, activation_steps(x, dense), 1e-5)
+    for rows in (1, VNNI_MAX_ROWS, linear.max_rows):  # the VNNI kernel's rows where it runs, then torch's kernel's
+        x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(2))
+        assert_within(linear(x), x @ dense.T, activation_steps(x, dense), 1e-5)
     torch.testing.assert_close(linear.dense(), dense)
 
 
