@@ -44,7 +44,8 @@ SMALLEST_STEP = np.float32(1e-30)  # finer steps would overflow their inverse
 
 def _host_supports() -> bool:
     features = set(binding.get_host_cpu_features().flatten().split(","))
-    return config.CPU_NAME in (None, "host") and {"+avx512bw", "+avx512vnni"} <= features
+    compiles_for_host = config.CPU_NAME in (None, "host") and config.CPU_FEATURES is None
+    return compiles_for_host and {"+avx512bw", "+avx512vnni"} <= features
 
 
 SUPPORTED = _host_supports()
@@ -58,12 +59,53 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     rows, size = q.shape
     if size % PAIR:
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
-    pairs = q.astype(np.uint8).reshape(rows, size // PAIR, 2, GROUP_SIZE)
-    packed = np.ascontiguousarray((pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(rows, size // 2))
-    factors = np.concatenate([scale.reshape(rows, -1, 2), minimum.reshape(rows, -1, 2)], axis=2).astype(np.float32)
-    halves = factors.astype(np.float16)
-    exact = np.array_equal(halves.astype(np.float32), factors)
-    return packed, np.ascontiguousarray(halves.view(np.uint16) if exact else factors)
+    packed = np.empty((rows, size // 2), np.uint8)
+    factors, halves = np.empty((rows, size // PAIR, 4), np.float32), np.empty((rows, size // PAIR, 4), np.uint16)
+    # Numba, not numpy's whole-array ops: those took a quarter of a second to load SmolLM2
+    _pack_nibbles(np.asarray(q, np.uint8), packed)
+    inexact = _pack_factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32), factors, halves)
+    return packed, factors if inexact else halves
+
+
+@njit(parallel=True, **_OPTIONS)
+def _pack_nibbles(q, packed):
+    for r in prange(q.shape[0]):
+        for pair in range(q.shape[1] // PAIR):
+            first, second, out = q[r, pair * PAIR :], q[r, pair * PAIR + GROUP_SIZE :], packed[r, pair * GROUP_SIZE :]
+            for j in range(GROUP_SIZE):
+                out[j] = first[j] | (second[j] << 4)
+
+
+@njit(**_OPTIONS)
+def _float16_bits(value):
+    """``value``'s float16 bits where float16 holds it exactly, else -1."""
+    bits = np.int64(np.array([value], np.float32).view(np.uint32)[0])
+    sign, exponent, mantissa = (bits >> 16) & 0x8000, ((bits >> 23) & 0xFF) - 127, bits & 0x7FFFFF
+    if bits & 0x7FFFFFFF == 0:
+        return sign
+    if -14 <= exponent <= 15:  # a normal float16: 10 of the 23 mantissa bits
+        return sign | ((exponent + 15) << 10) | (mantissa >> 13) if mantissa & 0x1FFF == 0 else np.int64(-1)
+    if -24 <= exponent < -14:  # a subnormal one: value * 2**24 a whole number below 1024
+        shift = -1 - exponent
+        significand = mantissa | 0x800000
+        return sign | (significand >> shift) if significand & ((1 << shift) - 1) == 0 else np.int64(-1)
+    return np.int64(-1)
+
+
+@njit(parallel=True, **_OPTIONS)
+def _pack_factors(scale, minimum, factors, halves):
+    """Each pair's two scales then two minimums into ``factors`` (float32) and ``halves`` (float16
+    bits); returns how many are not exact in float16."""
+    inexact = 0
+    for r in prange(scale.shape[0]):
+        for pair in range(factors.shape[1]):
+            for k in range(4):
+                value = scale[r, 2 * pair + k] if k < 2 else minimum[r, 2 * pair + k - 2]
+                factors[r, pair, k] = value
+                bits = _float16_bits(value)
+                halves[r, pair, k] = max(bits, 0)
+                inexact += bits < 0
+    return inexact
 
 
 def _vector(element: ir.Type, count: int) -> ir.VectorType:

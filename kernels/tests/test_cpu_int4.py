@@ -87,3 +87,19 @@ def test_groups_far_below_float32_rounding_count_as_zero_without_overflowing() -
 def test_packing_needs_whole_pairs_of_groups() -> None:
     with pytest.raises(ValueError, match="multiple of 64"):
         cpu_int4.pack(np.zeros((2, 96), np.uint8), np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32))
+
+
+def test_factors_are_packed_as_float16_exactly_when_every_one_fits() -> None:
+    """Every finite float16 value (normal, subnormal, signed zero) packs as its own bits; one value
+    float16 cannot hold keeps the whole layer in float32."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    bits = bits[np.isfinite(bits.view(np.float16))][: (1 << 16) - 2048]  # 63,488 values: 15,872 rows of 4
+    values = bits.view(np.float16).astype(np.float32).reshape(-1, 2, 2)
+    scale, minimum = values[:, 0], values[:, 1]
+    q = np.zeros((scale.shape[0], cpu_int4.PAIR), np.uint8)
+    _, factors = cpu_int4.pack(q, scale, minimum)
+    np.testing.assert_array_equal(factors.reshape(-1), bits)
+    scale[5, 1] = np.float32(0.1)  # not a float16
+    _, factors = cpu_int4.pack(q, scale, minimum)
+    assert factors.dtype == np.float32
+    np.testing.assert_array_equal(factors, np.concatenate([scale.reshape(-1, 1, 2), minimum.reshape(-1, 1, 2)], axis=2))
