@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetero_executor_torch.quantized import DenseLinear, GroupQuantized, Int4Weights, Int8Weights, VnniInt4Weights, _vnni_kernel
+from hetero_executor_torch.quantized import DenseLinear, GroupQuantized, Int4Weights, Int8Weights, VnniInt4Weights, vnni_kernel
 
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 
@@ -43,7 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    kernel = _vnni_kernel(torch.bfloat16, torch.device("cpu"), 64)
+    kernel = vnni_kernel(torch.bfloat16, torch.device("cpu"), 64)
     columns = "int4 / " + ("int4 VNNI / " if kernel else "") + "int8 / bf16 plain / bf16 blocked"
     print(f"{args.threads} threads; microseconds per call ({columns}) by rows")
     with torch.inference_mode():

@@ -62,7 +62,6 @@ def peak_rss_mb() -> float:
 
 def memory_bandwidth_gbs() -> float:
     """Read bandwidth of a sum over 256 MiB (what streaming weights at batch 1 is bound by)."""
-    import numpy as np
     import torch
 
     data = torch.ones(64 * 2**20)
@@ -89,10 +88,10 @@ def weight_bytes(model) -> int:
     def dense_bytes(linear) -> int:  # one copy: oneDNN's blocked layout where there is one (a tied head keeps both)
         return (linear.blocked if linear.blocked is not None else linear.weight).nbytes
 
-    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
     def packed(linear):  # what a batch-1 step multiplies: the VNNI kernel's arrays where there are some
         return linear.vnni if getattr(linear, "vnni", None) is not None else linear.packed
 
+    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
     return sum(tensor_bytes(packed(linear)) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
 
 
@@ -184,7 +183,6 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
 
 
 def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
-    import numpy as np
     import torch
 
     from hetero_core.model_source import resolve_model_path

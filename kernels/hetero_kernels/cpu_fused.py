@@ -161,9 +161,9 @@ def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
         return
     block, offset = slot // k_cache.shape[1], slot % k_cache.shape[1]
     k_cache[block, offset, kv_head] = key
-    value = v_cache[block, offset, kv_head]
-    for d in range(key.shape[0]):
-        _put(value, d, _get(row, values + d))
+    value, source = v_cache[block, offset, kv_head], row[values : values + key.shape[0]]
+    for d in range(source.shape[0]):  # indexed from 0, so the loop vectorises
+        _put(value, d, _get(source, d))
 
 
 @njit(parallel=True, **_OPTIONS)

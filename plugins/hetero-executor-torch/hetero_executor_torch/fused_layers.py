@@ -51,11 +51,13 @@ def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -
 def packed_layers(model: LlamaModel) -> tuple[list[tuple], int]:
     """Each layer's four projections as ``hetero_kernels.cpu_layer`` takes them, and the most rows they
     run packed; no layers and 0 rows unless every projection has int4 arrays."""
-    projections = [(layer.qkv, layer.o_proj, layer.gate_up, layer.down) for layer in model.layers]
-    linears = [linear for four in projections for linear in four]
-    if not all(isinstance(linear, PackedLinear) and linear.int4_arrays() is not None for linear in linears):
+    layers = [
+        tuple(linear.int4_arrays() if isinstance(linear, PackedLinear) else None for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+        for layer in model.layers
+    ]
+    if any(arrays is None for four in layers for arrays in four):
         return [], 0
-    return [tuple(linear.int4_arrays() for linear in four) for four in projections], VNNI_MAX_ROWS
+    return layers, VNNI_MAX_ROWS
 
 
 class FusedLayers:

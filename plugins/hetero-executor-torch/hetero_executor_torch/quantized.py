@@ -207,7 +207,7 @@ class VnniInt4Weights:
         return out
 
 
-def _vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> Any:
+def vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> Any:
     """``hetero_kernels.cpu_int4`` where it can run these weights (installed, this CPU, dtype and shape), else None."""
     if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return None
@@ -216,12 +216,6 @@ def _vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> 
     except ImportError:
         return None
     return cpu_int4 if cpu_int4.SUPPORTED and in_features % cpu_int4.PAIR == 0 else None
-
-
-def int4_weights(weight: GroupQuantized, dtype: torch.dtype, device: torch.device) -> Int4Weights | VnniInt4Weights:
-    """The fastest int4 kernel for ``weight`` here: :class:`VnniInt4Weights` where it runs, else torch's."""
-    kernel = _vnni_kernel(dtype, device, weight.shape[1])
-    return Int4Weights(weight, dtype) if kernel is None else VnniInt4Weights(weight, kernel)
 
 
 class SplitInt4Weights:
@@ -235,10 +229,11 @@ class SplitInt4Weights:
 
     def __init__(self, weight: SplitQuantized, dtype: torch.dtype, device: torch.device) -> None:
         high, low = weight.high, weight.low
-        if _vnni_kernel(dtype, device, 2 * weight.shape[1]) is not None:
+        kernel = vnni_kernel(dtype, device, 2 * weight.shape[1])
+        if kernel is not None:
             high, low = attrs.evolve(high, minimum=high.minimum + low.minimum), attrs.evolve(low, minimum=torch.zeros_like(low.minimum))
         side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
-        self.halves = int4_weights(side_by_side, dtype, device)
+        self.halves = Int4Weights(side_by_side, dtype) if kernel is None else VnniInt4Weights(side_by_side, kernel)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self.halves.matmul(torch.cat([x, x], dim=1))
@@ -318,7 +313,7 @@ def make_linear(
         return PackedLinear(SplitInt4Weights(weight, dtype, device), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
-        kernel = _vnni_kernel(dtype, device, quantized.shape[1])
+        kernel = vnni_kernel(dtype, device, quantized.shape[1])
         vnni = None if kernel is None else VnniInt4Weights(quantized, kernel)
         return PackedLinear(Int4Weights(quantized, dtype), quantized.dequantize().to(dtype), bias, table=table, vnni=vnni)
     if weight_format in ("int4", "int8"):
