@@ -5,8 +5,11 @@ heads, over the positions it sees; below ``SPLIT_BELOW_TOKENS`` tokens (a
 batch-1 decode) it is split into one item per KV head, so both threads work.
 It reads each position's cache row once, in two passes: the scores of every
 position (kept in a scratch row per head, so the softmax needs no running
-rescale), then the weighted values. Everything accumulates in float32 with
-``fastmath`` on, so LLVM vectorises the head-size loops; the sums are
+rescale), then the weighted values. Both passes hold sixteen float32 lanes
+per register (:mod:`hetero_kernels.simd`): the scores four positions at a
+time, each head's four dot products sharing the query's loads and the sums
+of their lanes; the values 64 dimensions of a head at a time, kept in
+registers while the positions go by. Everything accumulates in float32,
 reassociated, so results agree with the float64 reference to float32
 rounding, not bit for bit.
 
@@ -23,8 +26,9 @@ Arrays: ``query``/``out`` float32; caches float32, float16 or bfloat16.
 numpy has no bfloat16, so a bfloat16 cache is passed as its raw bits, a
 ``uint16`` array (see :func:`~hetero_kernels.dtypes.bfloat16_bits`), and each element is widened by
 a shift into the top half of a float32. Numba has no float16 type on the CPU,
-so a float16 cache is read through its raw bits and a 65536-entry decode
-table (exact).
+so a float16 cache is read through its raw bits: 32 at a time converted as
+LLVM half-precision vectors, the dimensions past the last whole 32 through a
+65536-entry decode table (both exact).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from hetero_kernels import simd
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -82,10 +87,10 @@ def _prefetch(typingctx, array, byte_offset):
 
 
 @njit(inline="always", **_OPTIONS)
-def _prefetch_row(cache, block, offset, first_kv_head, kv_heads):
-    """Prefetch one position's row of ``kv_heads`` KV heads from ``first_kv_head`` in a cache block."""
-    start = block * cache.strides[0] + offset * cache.strides[1] + first_kv_head * cache.strides[2]
-    stop = start + kv_heads * cache.strides[2]
+def _prefetch_position(cache, row, first, size):
+    """Prefetch ``size`` elements from element ``first`` of ``row`` of a cache viewed as ``[positions, kv_heads * head_size]``."""
+    start = row * cache.strides[0] + first * cache.strides[1]
+    stop = start + size * cache.strides[1]
     for byte in range(start, stop, CACHE_LINE):
         _prefetch(cache, byte)
     _prefetch(cache, stop - 1)
@@ -175,59 +180,146 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
     of each head's weights ``exp(score - largest)``. An empty span gives zeros and ``-inf``.
 
     Each position's keys (then values) are one contiguous row of a block, read once and prefetched."""
-    head_size = k_cache.shape[3]
-    heads, count = q.shape[0], stop - start
-    blocks, offsets = _locate(table, k_cache.shape[1], start, stop)
-    kv_heads = heads // group
-    for p in range(min(PREFETCH_AHEAD, count)):
-        _prefetch_row(k_cache, blocks[p], offsets[p], first_kv_head, kv_heads)
-    scores = np.empty((heads, count), dtype=np.float32)
-    for p in range(count):
-        if p + PREFETCH_AHEAD < count:
-            _prefetch_row(k_cache, blocks[p + PREFETCH_AHEAD], offsets[p + PREFETCH_AHEAD], first_kv_head, kv_heads)
-        _prefetch_row(v_cache, blocks[p], offsets[p], first_kv_head, kv_heads)
-        keys = k_cache[blocks[p], offsets[p]]
-        for kv_head in range(kv_heads):  # and the heads that read it: no division per position
-            key = keys[first_kv_head + kv_head]
-            for h in range(kv_head * group, (kv_head + 1) * group):
-                total = np.float32(0.0)
-                for d in range(head_size):
-                    total += q[h, d] * _load(key, d, decode_table)
-                scores[h, p] = total
+    block_size, head_size = k_cache.shape[1], k_cache.shape[3]
+    width = k_cache.shape[2] * head_size
+    keys = k_cache.reshape(k_cache.shape[0] * block_size, width)
+    values = v_cache.reshape(v_cache.shape[0] * block_size, width)
+    rows = _rows(table, block_size, start, stop)
+    scores = _scores(_in_pair_order(q, keys, decode_table), group, keys, values, rows, first_kv_head, head_size, decode_table)
+    heads = q.shape[0]
     peaks, sums = np.empty(heads, dtype=np.float32), np.empty(heads, dtype=np.float32)
     for h in range(heads):
         row, peak = scores[h], np.float32(-np.inf)
-        for p in range(count):
+        for p in range(row.shape[0]):
             peak = max(peak, row[p])
         peaks[h] = peak
         total = np.float32(0.0)
-        for p in range(count):
+        for p in range(row.shape[0]):
             weight = _weight(row[p] - peak)
             row[p] = weight
             total += weight
         sums[h] = total
-    acc = np.zeros((heads, head_size), dtype=np.float32)
-    for p in range(count):
-        values = v_cache[blocks[p], offsets[p]]
-        for kv_head in range(kv_heads):
-            value = values[first_kv_head + kv_head]
-            for h in range(kv_head * group, (kv_head + 1) * group):
-                weight, out = scores[h, p], acc[h]
-                for d in range(head_size):
-                    out[d] += weight * _load(value, d, decode_table)
-    return acc, peaks, sums
+    return _weighted_values(scores, group, values, rows, first_kv_head, head_size, decode_table), peaks, sums
 
 
 @njit(**_OPTIONS)
-def _locate(table, block_size, start, stop):
-    """The cache block and offset of each position in ``[start, stop)``, walking the block table block
-    by block (no division per position)."""
-    blocks, offsets = np.empty(stop - start, dtype=np.int64), np.empty(stop - start, dtype=np.int64)
+def _rows(table, block_size, start, stop):
+    """The row of each position in ``[start, stop)`` in a cache viewed as ``[num_blocks * block_size,
+    ...]``, walking the block table block by block (no division per position)."""
+    rows = np.empty(stop - start, dtype=np.int64)
     for b in range(start // block_size, (stop + block_size - 1) // block_size):
         first = b * block_size
         for offset in range(max(start - first, 0), min(block_size, stop - first)):
-            blocks[first + offset - start], offsets[first + offset - start] = table[b], offset
-    return blocks, offsets
+            rows[first + offset - start] = table[b] * block_size + offset
+    return rows
+
+
+@njit(**_OPTIONS)
+def _in_pair_order(q, keys, decode_table):
+    """``q`` with each 32 dimensions in the order :func:`simd.load_pair` reads the keys' (the dimensions
+    past the last whole 32 as they are)."""
+    ordered = np.empty_like(q)
+    interleaved = simd.interleaves(keys[0], decode_table)
+    paired = q.shape[1] - q.shape[1] % simd.PAIR
+    for h in range(q.shape[0]):
+        for c in range(0, paired, simd.PAIR):
+            for i in range(simd.LANES):
+                ordered[h, c + i] = q[h, c + 2 * i] if interleaved else q[h, c + i]
+                ordered[h, c + simd.LANES + i] = q[h, c + 2 * i + 1] if interleaved else q[h, c + simd.LANES + i]
+        for d in range(paired, q.shape[1]):
+            ordered[h, d] = q[h, d]
+    return ordered
+
+
+@njit(**_OPTIONS)
+def _scores(q, group, keys, values, rows, first_kv_head, head_size, decode_table):
+    """Each head's score ``[heads, positions]`` at each position of ``rows``, for queries ``q`` in
+    pair order. Four positions at a time, so that each head's four dot products share the query's
+    loads and the sums of their lanes; keys are prefetched ``PREFETCH_AHEAD`` positions ahead and
+    values as their keys are read."""
+    heads, count = q.shape[0], rows.shape[0]
+    paired = head_size - head_size % simd.PAIR
+    first, size = first_kv_head * head_size, heads // group * head_size
+    for p in range(min(PREFETCH_AHEAD, count)):
+        _prefetch_position(keys, rows[p], first, size)
+    scores = np.empty((heads, count), dtype=np.float32)
+    fours = count - count % 4
+    for p in range(0, fours, 4):
+        for i in range(p + PREFETCH_AHEAD, min(p + PREFETCH_AHEAD + 4, count)):
+            _prefetch_position(keys, rows[i], first, size)
+        for i in range(p, p + 4):
+            _prefetch_position(values, rows[i], first, size)
+        k0, k1, k2, k3 = keys[rows[p]], keys[rows[p + 1]], keys[rows[p + 2]], keys[rows[p + 3]]
+        for h in range(heads):
+            base, qh, out = (first_kv_head + h // group) * head_size, q[h], scores[h]
+            a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
+            for c in range(0, paired, simd.PAIR):
+                qa, qb = simd.load_pair(qh, c)
+                ka, kb = simd.load_pair(k0, base + c, decode_table)
+                a0 = simd.fma(qb, kb, simd.fma(qa, ka, a0))
+                ka, kb = simd.load_pair(k1, base + c, decode_table)
+                a1 = simd.fma(qb, kb, simd.fma(qa, ka, a1))
+                ka, kb = simd.load_pair(k2, base + c, decode_table)
+                a2 = simd.fma(qb, kb, simd.fma(qa, ka, a2))
+                ka, kb = simd.load_pair(k3, base + c, decode_table)
+                a3 = simd.fma(qb, kb, simd.fma(qa, ka, a3))
+            simd.store_totals(out, p, a0, a1, a2, a3)
+            for d in range(paired, head_size):
+                out[p] += qh[d] * _load(k0, base + d, decode_table)
+                out[p + 1] += qh[d] * _load(k1, base + d, decode_table)
+                out[p + 2] += qh[d] * _load(k2, base + d, decode_table)
+                out[p + 3] += qh[d] * _load(k3, base + d, decode_table)
+    for p in range(fours, count):
+        _prefetch_position(values, rows[p], first, size)
+        key = keys[rows[p]]
+        for h in range(heads):
+            base, qh = (first_kv_head + h // group) * head_size, q[h]
+            a = simd.zeros()
+            for c in range(0, paired, simd.PAIR):
+                qa, qb = simd.load_pair(qh, c)
+                ka, kb = simd.load_pair(key, base + c, decode_table)
+                a = simd.fma(qb, kb, simd.fma(qa, ka, a))
+            total = simd.total(a)
+            for d in range(paired, head_size):
+                total += qh[d] * _load(key, base + d, decode_table)
+            scores[h, p] = total
+    return scores
+
+
+@njit(**_OPTIONS)
+def _weighted_values(weights, group, values, rows, first_kv_head, head_size, decode_table):
+    """Each head's sum of the values at ``rows`` times its ``weights`` ``[heads, positions]``: 64
+    dimensions at a time held in registers while the positions go by, then 32, then one by one."""
+    heads, count = weights.shape
+    paired = head_size - head_size % simd.PAIR
+    acc = np.empty((heads, head_size), dtype=np.float32)
+    for h in range(heads):
+        base, w, out = (first_kv_head + h // group) * head_size, weights[h], acc[h]
+        c = 0
+        while c + 2 * simd.PAIR <= paired:
+            a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
+            for p in range(count):
+                weight, row = simd.splat(w[p]), values[rows[p]]
+                x, y = simd.load_pair(row, base + c, decode_table)
+                a0, a1 = simd.fma(weight, x, a0), simd.fma(weight, y, a1)
+                x, y = simd.load_pair(row, base + c + simd.PAIR, decode_table)
+                a2, a3 = simd.fma(weight, x, a2), simd.fma(weight, y, a3)
+            simd.store_pair(out, c, a0, a1, values[0], decode_table)
+            simd.store_pair(out, c + simd.PAIR, a2, a3, values[0], decode_table)
+            c += 2 * simd.PAIR
+        if c < paired:
+            a0, a1 = simd.zeros(), simd.zeros()
+            for p in range(count):
+                weight = simd.splat(w[p])
+                x, y = simd.load_pair(values[rows[p]], base + c, decode_table)
+                a0, a1 = simd.fma(weight, x, a0), simd.fma(weight, y, a1)
+            simd.store_pair(out, c, a0, a1, values[0], decode_table)
+        for d in range(paired, head_size):
+            total = np.float32(0.0)
+            for p in range(count):
+                total += w[p] * _load(values[rows[p]], base + d, decode_table)
+            out[d] = total
+    return acc
 
 
 @njit(**_OPTIONS)
