@@ -31,7 +31,6 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_executor_torch import TorchExecutor
 from hetero_core.step_layout import layout
-from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
 
 CHATS = [
     "What is the capital of France?",
@@ -64,9 +63,7 @@ def reference_answers(engine: InferenceEngine, new_tokens: int) -> list[tuple[li
 
 def whole_pass(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
     """float32 logits at every position of ``ids`` from one prefill."""
-    n = len(ids)
-    attention = AttentionInputs(torch.arange(n), 0, [], [PrefillSpan(0, n, n, None, None)])
-    return executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
+    return executor.prefill_logits(ids, list(range(-(-len(ids) // BLOCK))))
 
 
 def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> torch.Tensor:

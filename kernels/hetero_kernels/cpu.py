@@ -1,17 +1,25 @@
 """Numba CPU paged attention, reading keys and values in place through the block tables.
 
-A work item is one sequence (decode) or query token (prefill) with all its
-heads, over the positions it sees; below ``SPLIT_BELOW_TOKENS`` tokens (a
-batch-1 decode) it is split into one item per KV head, so both threads work.
-It reads each position's cache row once, in two passes: the scores of every
-position (kept in a scratch row per head, so the softmax needs no running
-rescale), then the weighted values. Both passes hold sixteen float32 lanes
-per register (:mod:`hetero_kernels.simd`): the scores four positions at a
-time, each head's four dot products sharing the query's loads and the sums
-of their lanes; the values 64 dimensions of a head at a time, kept in
-registers while the positions go by. Everything accumulates in float32,
-reassociated, so results agree with the float64 reference to float32
-rounding, not bit for bit.
+A decode's work item is one sequence with all its heads, over the positions
+it sees; below ``SPLIT_BELOW_TOKENS`` sequences (a batch-1 decode) it is
+split into one item per KV head, so both threads work. It reads each
+position's cache row once, in two passes: the scores of every position
+(kept in a scratch row per head, so the softmax needs no running rescale),
+then the weighted values. Both passes hold sixteen float32 lanes per
+register (:mod:`hetero_kernels.simd`): the scores four positions at a time,
+each head's four dot products sharing the query's loads and the sums of
+their lanes; the values 64 dimensions of a head at a time, kept in
+registers while the positions go by.
+
+A prefill's work item is a run of up to ``TILE_TOKENS`` query tokens of one
+chunk with one KV head: four positions' keys are read into registers once
+for all the item's query rows (its tokens times the heads reading that KV
+head), and each value row once for two query rows. With 8 tokens and
+SmolLM2's three heads per KV head, that is 24 rows sharing each read, where
+a token on its own re-read its whole context.
+
+Everything accumulates in float32, reassociated, so results agree with the
+float64 reference to float32 rounding, not bit for bit.
 
 The cache rows of a sequence lie block by block wherever the allocator put
 them, and by the time a layer's attention runs, its weights have pushed the
@@ -45,6 +53,7 @@ _OPTIONS = dict(fastmath=True, cache=True)
 NEGLIGIBLE = np.float32(-60.0)  # scores this far under a head's maximum get weight 0
 SPLIT_BELOW_TOKENS = 4
 PREFETCH_AHEAD = 16  # positions
+TILE_TOKENS = 8  # query tokens a prefill work item takes at once
 CACHE_LINE = 64  # bytes
 
 
@@ -348,16 +357,151 @@ def _decode(out, query, k_cache, v_cache, block_tables, context_lens, scale, dec
         _attend(out, query, b, k_cache, v_cache, block_tables[b], context_lens[b], part * per_part, per_part, scale, decode_table)
 
 
+@njit(**_OPTIONS)
+def _tiles(query_start_loc, kv_heads, tile):
+    """The prefill's work items ``(sequence, first token, tokens, KV head)``: runs of up to ``tile``
+    tokens of one chunk, each KV head on its own."""
+    count = 0
+    for b in range(query_start_loc.shape[0] - 1):
+        count += (query_start_loc[b + 1] - query_start_loc[b] + tile - 1) // tile
+    items = np.empty((count * kv_heads, 4), dtype=np.int64)
+    i = 0
+    for b in range(query_start_loc.shape[0] - 1):
+        for first in range(query_start_loc[b], query_start_loc[b + 1], tile):
+            for kv_head in range(kv_heads):
+                items[i] = (b, first, min(tile, query_start_loc[b + 1] - first), kv_head)
+                i += 1
+    return items
+
+
 @njit(parallel=True, **_OPTIONS)
-def _prefill(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table):
-    parts = _parts_per_token(query.shape[0], k_cache.shape[2])
-    per_part = k_cache.shape[2] // parts
-    for item in prange(query.shape[0] * parts):
-        token, part = item // parts, item % parts
-        b = np.searchsorted(query_start_loc, token, side="right") - 1
-        query_len = query_start_loc[b + 1] - query_start_loc[b]
-        visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
-        _attend(out, query, token, k_cache, v_cache, block_tables[b], visible, part * per_part, per_part, scale, decode_table)
+def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table, tile):
+    """A few query tokens per work item, with one KV head: every query head that reads it, for each of
+    the tokens, shares each key and value read from memory."""
+    kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
+    group = query.shape[1] // kv_heads
+    block_size = k_cache.shape[1]
+    keys = k_cache.reshape(k_cache.shape[0] * block_size, kv_heads * head_size)
+    values = v_cache.reshape(v_cache.shape[0] * block_size, kv_heads * head_size)
+    items = _tiles(query_start_loc, kv_heads, tile)
+    for index in prange(items.shape[0]):
+        b, first, tokens, kv_head = items[interleaved(index, items.shape[0])]
+        offset = context_lens[b] - (query_start_loc[b + 1] - query_start_loc[b]) - query_start_loc[b]  # token t sits at t + offset
+        visible = first + tokens + offset  # the positions the item's last token sees
+        rows = _rows(block_tables[b], block_size, 0, visible)
+        q = np.empty((tokens * group, head_size), dtype=np.float32)
+        for j in range(tokens):
+            for g in range(group):
+                for d in range(head_size):
+                    q[j * group + g, d] = query[first + j, kv_head * group + g, d] * scale
+        scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, rows, kv_head * head_size, decode_table)
+        sums = np.empty(q.shape[0], dtype=np.float32)
+        for r in range(q.shape[0]):
+            row, seen = scores[r], first + r // group + offset + 1
+            peak = np.float32(-np.inf)
+            for p in range(seen):
+                peak = max(peak, row[p])
+            total = np.float32(0.0)
+            for p in range(seen):
+                weight = _weight(row[p] - peak)
+                row[p] = weight
+                total += weight
+            for p in range(seen, visible):
+                row[p] = 0.0
+            sums[r] = total
+        attended = _tile_values(scores, values, rows, kv_head * head_size, head_size, decode_table)
+        for r in range(q.shape[0]):
+            inverse = np.float32(1.0) / sums[r]
+            target = out[first + r // group, kv_head * group + r % group]
+            for d in range(head_size):
+                target[d] = attended[r, d] * inverse
+
+
+@njit(**_OPTIONS)
+def _tile_scores(q, keys, rows, base, decode_table):
+    """Scores ``[query rows, positions]`` of ``q`` (scaled, in pair order) against the keys at ``rows``
+    from element ``base`` of each. Four positions' 64 dimensions are read into registers once, then
+    every query row takes its four dot products from them; then the last whole 32 dimensions, if any,
+    the same way, then the rest one by one."""
+    count, head_size = rows.shape[0], q.shape[1]
+    paired = head_size - head_size % simd.PAIR
+    slabs = paired - paired % (2 * simd.PAIR)
+    scores = np.zeros((q.shape[0], count), dtype=np.float32)
+    fours = count - count % 4
+    sums = np.empty(4, dtype=np.float32)
+    for slab in range(0, slabs, 2 * simd.PAIR):
+        at, following = base + slab, base + slab + simd.PAIR
+        for p in range(0, fours, 4):
+            k0, k1, k2, k3 = keys[rows[p]], keys[rows[p + 1]], keys[rows[p + 2]], keys[rows[p + 3]]
+            (a0, b0), (c0, d0) = simd.load_pair(k0, at, decode_table), simd.load_pair(k0, following, decode_table)
+            (a1, b1), (c1, d1) = simd.load_pair(k1, at, decode_table), simd.load_pair(k1, following, decode_table)
+            (a2, b2), (c2, d2) = simd.load_pair(k2, at, decode_table), simd.load_pair(k2, following, decode_table)
+            (a3, b3), (c3, d3) = simd.load_pair(k3, at, decode_table), simd.load_pair(k3, following, decode_table)
+            for r in range(q.shape[0]):
+                (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
+                s0 = simd.fma(qd, d0, simd.fma(qc, c0, simd.fma(qb, b0, simd.fma(qa, a0, simd.zeros()))))
+                s1 = simd.fma(qd, d1, simd.fma(qc, c1, simd.fma(qb, b1, simd.fma(qa, a1, simd.zeros()))))
+                s2 = simd.fma(qd, d2, simd.fma(qc, c2, simd.fma(qb, b2, simd.fma(qa, a2, simd.zeros()))))
+                s3 = simd.fma(qd, d3, simd.fma(qc, c3, simd.fma(qb, b3, simd.fma(qa, a3, simd.zeros()))))
+                simd.store_totals(sums, 0, s0, s1, s2, s3)
+                row = scores[r]
+                for i in range(4):
+                    row[p + i] += sums[i]
+        for p in range(fours, count):
+            (a, b), (c, d) = simd.load_pair(keys[rows[p]], at, decode_table), simd.load_pair(keys[rows[p]], following, decode_table)
+            for r in range(q.shape[0]):
+                (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
+                scores[r, p] += simd.total(simd.fma(qd, d, simd.fma(qc, c, simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))))
+    if slabs < paired:
+        at = base + slabs
+        for p in range(count):
+            a, b = simd.load_pair(keys[rows[p]], at, decode_table)
+            for r in range(q.shape[0]):
+                qa, qb = simd.load_pair(q[r], slabs)
+                scores[r, p] += simd.total(simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))
+    for p in range(count):
+        key = keys[rows[p]]
+        for r in range(q.shape[0]):
+            for d in range(paired, head_size):
+                scores[r, p] += q[r, d] * _load(key, base + d, decode_table)
+    return scores
+
+
+@njit(**_OPTIONS)
+def _tile_values(weights, values, rows, base, head_size, decode_table):
+    """``[query rows, head_size]``: each row's ``weights`` times the values at ``rows`` from element
+    ``base``. Two query rows' 64 dimensions stay in registers while the positions go by; then the last
+    whole 32 dimensions, if any, the same way, then the rest one by one."""
+    count, heads = rows.shape[0], weights.shape[0]
+    paired = head_size - head_size % simd.PAIR
+    acc = np.empty((heads, head_size), dtype=np.float32)
+    for slab in range(0, paired, 2 * simd.PAIR):
+        at, whole = base + slab, slab + 2 * simd.PAIR <= paired  # else one pair is left
+        for r in range(0, heads, 2):
+            w0, w1 = weights[r], weights[min(r + 1, heads - 1)]
+            a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
+            b0, b1, b2, b3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
+            for p in range(count):
+                row, f, g = values[rows[p]], simd.splat(w0[p]), simd.splat(w1[p])
+                x, y = simd.load_pair(row, at, decode_table)
+                a0, a1, b0, b1 = simd.fma(f, x, a0), simd.fma(f, y, a1), simd.fma(g, x, b0), simd.fma(g, y, b1)
+                if whole:
+                    z, u = simd.load_pair(row, at + simd.PAIR, decode_table)
+                    a2, a3, b2, b3 = simd.fma(f, z, a2), simd.fma(f, u, a3), simd.fma(g, z, b2), simd.fma(g, u, b3)
+            simd.store_pair(acc[r], slab, a0, a1, values[0], decode_table)
+            if whole:
+                simd.store_pair(acc[r], slab + simd.PAIR, a2, a3, values[0], decode_table)
+            if r + 1 < heads:
+                simd.store_pair(acc[r + 1], slab, b0, b1, values[0], decode_table)
+                if whole:
+                    simd.store_pair(acc[r + 1], slab + simd.PAIR, b2, b3, values[0], decode_table)
+    for r in range(heads):
+        for d in range(paired, head_size):
+            total = np.float32(0.0)
+            for p in range(count):
+                total += weights[r, p] * _load(values[rows[p]], base + d, decode_table)
+            acc[r, d] = total
+    return acc
 
 
 @njit(parallel=True, cache=True)
@@ -398,4 +542,4 @@ def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_st
     """Chunks of query tokens [T, heads, head_size]; token i of sequence b sits at position
     ``context_lens[b] - q_len_b + i`` and attends causally to every position up to its own."""
     (k, decode_table), (v, _) = _cache_view(k_cache), _cache_view(v_cache)
-    _prefill(out, query, k, v, block_tables, query_start_loc, context_lens, np.float32(scale), decode_table)
+    _prefill_tiles(out, query, k, v, block_tables, query_start_loc, context_lens, np.float32(scale), decode_table, TILE_TOKENS)

@@ -69,7 +69,7 @@ def problems(
     max_batch: int = 4,
     max_group: int = 4,
     max_kv_heads: int = 3,
-    head_sizes: tuple[int, ...] = (1, 4, 8, 16, 24, 40, 64, 96),
+    head_sizes: tuple[int, ...] = (1, 4, 8, 16, 24, 40, 64, 96, 128),
     block_sizes: tuple[int, ...] = (1, 2, 3, 4, 8, 16),
     max_len: int = 70,
     cache_dtypes: tuple = (np.float32, np.float16),

@@ -221,6 +221,15 @@ class TorchExecutor:
             output.errors.update(errors)  # a prompt that cannot be scored fails its sequence, sampled or not
             return output
 
+    def prefill_logits(self, token_ids: list[int], block_table: list[int]) -> torch.Tensor:
+        """float32 logits ``[len(token_ids), vocab]`` at every position of ``token_ids``, prefilled in one
+        step into the cache blocks ``block_table`` with nothing cached before (for scoring and tests)."""
+        params = GenerationParams(temperature=0.0, max_tokens=1)
+        sequence = ScheduledSequence(0, token_ids, 0, block_table, True, params, token_ids, len(token_ids), None)
+        with torch.inference_mode(), self._on_device():
+            input_ids, positions, attention, kv_caches, _ = self.model_inputs(layout(ExecutionBatch([sequence], self.block_size)))
+            return self.model.forward(input_ids, positions, attention, kv_caches, torch.arange(len(token_ids), device=self.device))
+
     def _on_device(self) -> contextlib.AbstractContextManager:
         """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

@@ -15,7 +15,7 @@ import torch
 
 from hetero_core.errors import ConfigError
 from hetero_core.step_layout import StepLayout
-from hetero_executor_torch.attention import AttentionInputs, KernelInputs, prefill_attention, prefill_spans
+from hetero_executor_torch.attention import AttentionInputs, KernelInputs
 
 
 def kernel_array(tensor: torch.Tensor) -> Any:
@@ -30,30 +30,20 @@ class KernelAttention:
     """An attention backend running ``kernels`` (a module with ``paged_decode_attention`` and
     ``paged_prefill_attention``, as ``hetero_kernels.cpu`` and ``hetero_kernels.cuda``).
 
-    With ``torch_prefill``, prefill chunks take the torch path and only decodes
-    run the kernel (the CPU kernel is a scalar loop: fast for one query token,
-    slow for a long chunk). Subclasses name the backend and check where it runs
-    in :meth:`configure`.
+    Subclasses name the backend and check where it runs in :meth:`configure`.
     """
 
     name = "kernels"
     supports_graphs = True
 
-    def __init__(self, kernels: Any, *, torch_prefill: bool = False) -> None:
+    def __init__(self, kernels: Any) -> None:
         self.kernels = kernels
-        self.torch_prefill = torch_prefill
 
     def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
         return kv_cache_dtype
 
     def inputs(self, step: StepLayout, slot_mapping: torch.Tensor) -> AttentionInputs:
-        device = slot_mapping.device
-        if self.torch_prefill:
-            inputs = AttentionInputs(slot_mapping, step.num_decodes, [], prefill_spans(step, device))
-        else:
-            inputs = AttentionInputs(slot_mapping, step.num_decodes, [], [])
-        inputs.kernel = kernel_inputs(step, device)
-        return inputs
+        return AttentionInputs(slot_mapping, step.num_decodes, [], [], kernel_inputs(step, slot_mapping.device))
 
     def graph_inputs(self, slot_mapping, block_tables, context_lens, block_size: int) -> AttentionInputs:
         device, rows = block_tables.device, block_tables.shape[0]
@@ -67,7 +57,7 @@ class KernelAttention:
         return AttentionInputs(slot_mapping, rows, [], [], no_prefills)
 
     def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
-        """The kernels take float32 queries; prefill chunks on the torch path stay in the query's dtype."""
+        """The kernels take float32 queries."""
         kernels, meta = self.kernels, inputs.kernel
         out = torch.empty_like(query)
         n = inputs.num_decodes
@@ -76,9 +66,7 @@ class KernelAttention:
             q, attended = _float32_pair(query[:n])
             kernels.paged_decode_attention(kernel_array(attended), kernel_array(q), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
             out[:n] = attended
-        if query.shape[0] > n and self.torch_prefill:
-            prefill_attention(out, query, key, value, k_cache, v_cache, inputs, scale)
-        elif query.shape[0] > n:
+        if query.shape[0] > n:
             q, attended = _float32_pair(query[n:])
             kernels.paged_prefill_attention(
                 kernel_array(attended),
@@ -100,15 +88,15 @@ def _float32_pair(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class NumbaCpuAttention(KernelAttention):
-    """The ``numba`` backend: decodes run the Numba CPU kernel, reading the paged cache (float32,
-    bfloat16 or float16) in place; prefill chunks take the torch path. CPU only."""
+    """The ``numba`` backend: the Numba CPU kernels, reading the paged cache (float32, bfloat16 or
+    float16) in place. CPU only."""
 
     name = "numba"
 
     def __init__(self) -> None:
         from hetero_kernels import cpu
 
-        super().__init__(cpu, torch_prefill=True)
+        super().__init__(cpu)
 
     def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
         if device.type != "cpu":

@@ -9,7 +9,6 @@ from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
-from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
 
 pytestmark = pytest.mark.model  # the embedded model, in the engine and in transformers
 
@@ -67,11 +66,8 @@ def test_logits_match_transformers(reference, engine, generations) -> None:
         expected = reference(torch.tensor([ids])).logits[0]
     executor = engine.executor
 
-    n = len(ids)
-    last_slots = torch.arange(n) + engine.num_blocks * engine.config.block_size - n  # the tail of the pool, unused here
-    attention = AttentionInputs(last_slots, 0, [], [PrefillSpan(0, n, n, None, None)])
-    with torch.inference_mode():
-        ours = executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
+    blocks = -(-len(ids) // engine.config.block_size)
+    ours = executor.prefill_logits(ids, list(range(engine.num_blocks - blocks, engine.num_blocks)))  # the tail of the pool, unused here
     torch.testing.assert_close(ours, expected, atol=2e-3, rtol=1e-3)
 
 

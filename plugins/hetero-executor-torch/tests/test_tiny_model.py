@@ -10,7 +10,6 @@ from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 from hetero_core.testing import ExecutorContract
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.attention import AttentionInputs, PrefillSpan
 
 from .conftest import tiny_engine, write_tiny_model
 
@@ -20,10 +19,7 @@ transformers = pytest.importorskip("transformers")
 def our_logits(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
     """Logits at every position from one whole-sequence prefill through the paged cache."""
     executor.initialize_cache(64, 4)
-    n = len(ids)
-    attention = AttentionInputs(torch.arange(n) + 8, 0, [], [PrefillSpan(0, n, n, None, None)])
-    with torch.inference_mode():
-        return executor.model.forward(torch.tensor(ids), torch.arange(n), attention, executor.kv_caches, torch.arange(n))
+    return executor.prefill_logits(ids, list(range(2, 2 + -(-len(ids) // 4))))
 
 
 @pytest.mark.parametrize(("architecture", "tie"), [("llama", False), ("llama", True), ("qwen2", False)])
