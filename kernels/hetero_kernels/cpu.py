@@ -2,21 +2,18 @@
 
 A decode's work item is one sequence with all its heads, over the positions
 it sees; below ``SPLIT_BELOW_TOKENS`` sequences (a batch-1 decode) it is
-split into one item per KV head, so both threads work. It reads each
-position's cache row once, in two passes: the scores of every position
-(kept in a scratch row per head, so the softmax needs no running rescale),
-then the weighted values. Both passes hold sixteen float32 lanes per
-register (:mod:`hetero_kernels.simd`): the scores four positions at a time,
-each head's four dot products sharing the query's loads and the sums of
-their lanes; the values 64 dimensions of a head at a time, kept in
-registers while the positions go by.
-
-A prefill's work item is a run of up to ``TILE_TOKENS`` query tokens of one
-chunk with one KV head: four positions' keys are read into registers once
-for all the item's query rows (its tokens times the heads reading that KV
-head), and each value row once for two query rows. With 8 tokens and
-SmolLM2's three heads per KV head, that is 24 rows sharing each read, where
-a token on its own re-read its whole context.
+split into one item per KV head, so both threads work. A prefill's work
+item is a run of up to ``TILE_TOKENS`` query tokens of one chunk with one KV
+head. Either way an item is a set of query rows (heads of a token) and the
+KV heads they read, and it reads each position's cache row once, in two
+passes: the scores of every position (kept in a scratch row per query row,
+so the softmax needs no running rescale), then the weighted values. Both
+passes hold sixteen float32 lanes per register (:mod:`hetero_kernels.simd`):
+four positions' keys of a KV head (64 dimensions at a time) are read into
+registers once for every query row of that head, and each value row once
+for two of them. With 8 tokens and SmolLM2's three heads per KV head, 24
+prefill rows share each read, where a token on its own re-read its whole
+context.
 
 Everything accumulates in float32, reassociated, so results agree with the
 float64 reference to float32 rounding, not bit for bit.
@@ -194,7 +191,7 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
     keys = k_cache.reshape(k_cache.shape[0] * block_size, width)
     values = v_cache.reshape(v_cache.shape[0] * block_size, width)
     rows = _rows(table, block_size, start, stop)
-    scores = _scores(_in_pair_order(q, keys, decode_table), group, keys, values, rows, first_kv_head, head_size, decode_table)
+    scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, values, rows, first_kv_head, group, decode_table)
     heads = q.shape[0]
     peaks, sums = np.empty(heads, dtype=np.float32), np.empty(heads, dtype=np.float32)
     for h in range(heads):
@@ -208,7 +205,7 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
             row[p] = weight
             total += weight
         sums[h] = total
-    return _weighted_values(scores, group, values, rows, first_kv_head, head_size, decode_table), peaks, sums
+    return _tile_values(scores, values, rows, first_kv_head, group, head_size, decode_table), peaks, sums
 
 
 @njit(**_OPTIONS)
@@ -238,97 +235,6 @@ def _in_pair_order(q, keys, decode_table):
         for d in range(paired, q.shape[1]):
             ordered[h, d] = q[h, d]
     return ordered
-
-
-@njit(**_OPTIONS)
-def _scores(q, group, keys, values, rows, first_kv_head, head_size, decode_table):
-    """Each head's score ``[heads, positions]`` at each position of ``rows``, for queries ``q`` in
-    pair order. Four positions at a time, so that each head's four dot products share the query's
-    loads and the sums of their lanes; keys are prefetched ``PREFETCH_AHEAD`` positions ahead and
-    values as their keys are read."""
-    heads, count = q.shape[0], rows.shape[0]
-    paired = head_size - head_size % simd.PAIR
-    first, size = first_kv_head * head_size, heads // group * head_size
-    for p in range(min(PREFETCH_AHEAD, count)):
-        _prefetch_position(keys, rows[p], first, size)
-    scores = np.empty((heads, count), dtype=np.float32)
-    fours = count - count % 4
-    for p in range(0, fours, 4):
-        for i in range(p + PREFETCH_AHEAD, min(p + PREFETCH_AHEAD + 4, count)):
-            _prefetch_position(keys, rows[i], first, size)
-        for i in range(p, p + 4):
-            _prefetch_position(values, rows[i], first, size)
-        k0, k1, k2, k3 = keys[rows[p]], keys[rows[p + 1]], keys[rows[p + 2]], keys[rows[p + 3]]
-        for h in range(heads):
-            base, qh, out = (first_kv_head + h // group) * head_size, q[h], scores[h]
-            a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
-            for c in range(0, paired, simd.PAIR):
-                qa, qb = simd.load_pair(qh, c)
-                ka, kb = simd.load_pair(k0, base + c, decode_table)
-                a0 = simd.fma(qb, kb, simd.fma(qa, ka, a0))
-                ka, kb = simd.load_pair(k1, base + c, decode_table)
-                a1 = simd.fma(qb, kb, simd.fma(qa, ka, a1))
-                ka, kb = simd.load_pair(k2, base + c, decode_table)
-                a2 = simd.fma(qb, kb, simd.fma(qa, ka, a2))
-                ka, kb = simd.load_pair(k3, base + c, decode_table)
-                a3 = simd.fma(qb, kb, simd.fma(qa, ka, a3))
-            simd.store_totals(out, p, a0, a1, a2, a3)
-            for d in range(paired, head_size):
-                out[p] += qh[d] * _load(k0, base + d, decode_table)
-                out[p + 1] += qh[d] * _load(k1, base + d, decode_table)
-                out[p + 2] += qh[d] * _load(k2, base + d, decode_table)
-                out[p + 3] += qh[d] * _load(k3, base + d, decode_table)
-    for p in range(fours, count):
-        _prefetch_position(values, rows[p], first, size)
-        key = keys[rows[p]]
-        for h in range(heads):
-            base, qh = (first_kv_head + h // group) * head_size, q[h]
-            a = simd.zeros()
-            for c in range(0, paired, simd.PAIR):
-                qa, qb = simd.load_pair(qh, c)
-                ka, kb = simd.load_pair(key, base + c, decode_table)
-                a = simd.fma(qb, kb, simd.fma(qa, ka, a))
-            total = simd.total(a)
-            for d in range(paired, head_size):
-                total += qh[d] * _load(key, base + d, decode_table)
-            scores[h, p] = total
-    return scores
-
-
-@njit(**_OPTIONS)
-def _weighted_values(weights, group, values, rows, first_kv_head, head_size, decode_table):
-    """Each head's sum of the values at ``rows`` times its ``weights`` ``[heads, positions]``: 64
-    dimensions at a time held in registers while the positions go by, then 32, then one by one."""
-    heads, count = weights.shape
-    paired = head_size - head_size % simd.PAIR
-    acc = np.empty((heads, head_size), dtype=np.float32)
-    for h in range(heads):
-        base, w, out = (first_kv_head + h // group) * head_size, weights[h], acc[h]
-        c = 0
-        while c + 2 * simd.PAIR <= paired:
-            a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
-            for p in range(count):
-                weight, row = simd.splat(w[p]), values[rows[p]]
-                x, y = simd.load_pair(row, base + c, decode_table)
-                a0, a1 = simd.fma(weight, x, a0), simd.fma(weight, y, a1)
-                x, y = simd.load_pair(row, base + c + simd.PAIR, decode_table)
-                a2, a3 = simd.fma(weight, x, a2), simd.fma(weight, y, a3)
-            simd.store_pair(out, c, a0, a1, values[0], decode_table)
-            simd.store_pair(out, c + simd.PAIR, a2, a3, values[0], decode_table)
-            c += 2 * simd.PAIR
-        if c < paired:
-            a0, a1 = simd.zeros(), simd.zeros()
-            for p in range(count):
-                weight = simd.splat(w[p])
-                x, y = simd.load_pair(values[rows[p]], base + c, decode_table)
-                a0, a1 = simd.fma(weight, x, a0), simd.fma(weight, y, a1)
-            simd.store_pair(out, c, a0, a1, values[0], decode_table)
-        for d in range(paired, head_size):
-            total = np.float32(0.0)
-            for p in range(count):
-                total += w[p] * _load(values[rows[p]], base + d, decode_table)
-            out[d] = total
-    return acc
 
 
 @njit(**_OPTIONS)
@@ -394,7 +300,7 @@ def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, 
             for g in range(group):
                 for d in range(head_size):
                     q[j * group + g, d] = query[first + j, kv_head * group + g, d] * scale
-        scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, rows, kv_head * head_size, decode_table)
+        scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, values, rows, kv_head, q.shape[0], decode_table)
         sums = np.empty(q.shape[0], dtype=np.float32)
         for r in range(q.shape[0]):
             row, seen = scores[r], first + r // group + offset + 1
@@ -409,7 +315,7 @@ def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, 
             for p in range(seen, visible):
                 row[p] = 0.0
             sums[r] = total
-        attended = _tile_values(scores, values, rows, kv_head * head_size, head_size, decode_table)
+        attended = _tile_values(scores, values, rows, kv_head, q.shape[0], head_size, decode_table)
         for r in range(q.shape[0]):
             inverse = np.float32(1.0) / sums[r]
             target = out[first + r // group, kv_head * group + r % group]
@@ -418,84 +324,101 @@ def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, 
 
 
 @njit(**_OPTIONS)
-def _tile_scores(q, keys, rows, base, decode_table):
-    """Scores ``[query rows, positions]`` of ``q`` (scaled, in pair order) against the keys at ``rows``
-    from element ``base`` of each. Four positions' 64 dimensions are read into registers once, then
-    every query row takes its four dot products from them; then the last whole 32 dimensions, if any,
-    the same way, then the rest one by one."""
-    count, head_size = rows.shape[0], q.shape[1]
+def _tile_scores(q, keys, values, rows, first_kv_head, per_kv_head, decode_table):
+    """Scores ``[query rows, positions]`` of ``q`` (scaled, in pair order) against the keys at ``rows``;
+    query row ``r`` reads KV head ``first_kv_head + r // per_kv_head``. Four positions at a time, each
+    KV head's 64 dimensions of them read into registers once for every query row of that head (then
+    the last whole 32 dimensions, if any, the same way, then the rest one by one). Keys are prefetched
+    ``PREFETCH_AHEAD`` positions ahead, values as their keys are read."""
+    count, heads, head_size = rows.shape[0], q.shape[0], q.shape[1]
+    kv_heads = heads // per_kv_head
     paired = head_size - head_size % simd.PAIR
     slabs = paired - paired % (2 * simd.PAIR)
-    scores = np.zeros((q.shape[0], count), dtype=np.float32)
+    first, size = first_kv_head * head_size, kv_heads * head_size
+    for p in range(min(PREFETCH_AHEAD, count)):
+        _prefetch_position(keys, rows[p], first, size)
+    scores = np.zeros((heads, count), dtype=np.float32)
     fours = count - count % 4
     sums = np.empty(4, dtype=np.float32)
-    for slab in range(0, slabs, 2 * simd.PAIR):
-        at, following = base + slab, base + slab + simd.PAIR
-        for p in range(0, fours, 4):
-            k0, k1, k2, k3 = keys[rows[p]], keys[rows[p + 1]], keys[rows[p + 2]], keys[rows[p + 3]]
-            (a0, b0), (c0, d0) = simd.load_pair(k0, at, decode_table), simd.load_pair(k0, following, decode_table)
-            (a1, b1), (c1, d1) = simd.load_pair(k1, at, decode_table), simd.load_pair(k1, following, decode_table)
-            (a2, b2), (c2, d2) = simd.load_pair(k2, at, decode_table), simd.load_pair(k2, following, decode_table)
-            (a3, b3), (c3, d3) = simd.load_pair(k3, at, decode_table), simd.load_pair(k3, following, decode_table)
-            for r in range(q.shape[0]):
-                (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
-                s0 = simd.fma(qd, d0, simd.fma(qc, c0, simd.fma(qb, b0, simd.fma(qa, a0, simd.zeros()))))
-                s1 = simd.fma(qd, d1, simd.fma(qc, c1, simd.fma(qb, b1, simd.fma(qa, a1, simd.zeros()))))
-                s2 = simd.fma(qd, d2, simd.fma(qc, c2, simd.fma(qb, b2, simd.fma(qa, a2, simd.zeros()))))
-                s3 = simd.fma(qd, d3, simd.fma(qc, c3, simd.fma(qb, b3, simd.fma(qa, a3, simd.zeros()))))
-                simd.store_totals(sums, 0, s0, s1, s2, s3)
-                row = scores[r]
-                for i in range(4):
-                    row[p + i] += sums[i]
-        for p in range(fours, count):
-            (a, b), (c, d) = simd.load_pair(keys[rows[p]], at, decode_table), simd.load_pair(keys[rows[p]], following, decode_table)
-            for r in range(q.shape[0]):
+    for p in range(0, fours, 4):
+        for i in range(p + PREFETCH_AHEAD, min(p + PREFETCH_AHEAD + 4, count)):
+            _prefetch_position(keys, rows[i], first, size)
+        for i in range(p, p + 4):
+            _prefetch_position(values, rows[i], first, size)
+        k0, k1, k2, k3 = keys[rows[p]], keys[rows[p + 1]], keys[rows[p + 2]], keys[rows[p + 3]]
+        for kv_head in range(kv_heads):
+            for slab in range(0, slabs, 2 * simd.PAIR):
+                at = (first_kv_head + kv_head) * head_size + slab
+                following = at + simd.PAIR
+                (a0, b0), (c0, d0) = simd.load_pair(k0, at, decode_table), simd.load_pair(k0, following, decode_table)
+                (a1, b1), (c1, d1) = simd.load_pair(k1, at, decode_table), simd.load_pair(k1, following, decode_table)
+                (a2, b2), (c2, d2) = simd.load_pair(k2, at, decode_table), simd.load_pair(k2, following, decode_table)
+                (a3, b3), (c3, d3) = simd.load_pair(k3, at, decode_table), simd.load_pair(k3, following, decode_table)
+                for r in range(kv_head * per_kv_head, (kv_head + 1) * per_kv_head):
+                    (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
+                    s0 = simd.fma(qd, d0, simd.fma(qc, c0, simd.fma(qb, b0, simd.fma(qa, a0, simd.zeros()))))
+                    s1 = simd.fma(qd, d1, simd.fma(qc, c1, simd.fma(qb, b1, simd.fma(qa, a1, simd.zeros()))))
+                    s2 = simd.fma(qd, d2, simd.fma(qc, c2, simd.fma(qb, b2, simd.fma(qa, a2, simd.zeros()))))
+                    s3 = simd.fma(qd, d3, simd.fma(qc, c3, simd.fma(qb, b3, simd.fma(qa, a3, simd.zeros()))))
+                    simd.store_totals(sums, 0, s0, s1, s2, s3)
+                    row = scores[r]
+                    for i in range(4):
+                        row[p + i] += sums[i]
+    for p in range(fours, count):
+        _prefetch_position(values, rows[p], first, size)
+        key = keys[rows[p]]
+        for r in range(heads):
+            base = (first_kv_head + r // per_kv_head) * head_size
+            for slab in range(0, slabs, 2 * simd.PAIR):
+                (a, b), (c, d) = simd.load_pair(key, base + slab, decode_table), simd.load_pair(key, base + slab + simd.PAIR, decode_table)
                 (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
                 scores[r, p] += simd.total(simd.fma(qd, d, simd.fma(qc, c, simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))))
-    if slabs < paired:
-        at = base + slabs
-        for p in range(count):
-            a, b = simd.load_pair(keys[rows[p]], at, decode_table)
-            for r in range(q.shape[0]):
-                qa, qb = simd.load_pair(q[r], slabs)
-                scores[r, p] += simd.total(simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))
     for p in range(count):
         key = keys[rows[p]]
-        for r in range(q.shape[0]):
+        for r in range(heads):
+            base = (first_kv_head + r // per_kv_head) * head_size
+            if slabs < paired:
+                a, b = simd.load_pair(key, base + slabs, decode_table)
+                qa, qb = simd.load_pair(q[r], slabs)
+                scores[r, p] += simd.total(simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))
             for d in range(paired, head_size):
                 scores[r, p] += q[r, d] * _load(key, base + d, decode_table)
     return scores
 
 
 @njit(**_OPTIONS)
-def _tile_values(weights, values, rows, base, head_size, decode_table):
-    """``[query rows, head_size]``: each row's ``weights`` times the values at ``rows`` from element
-    ``base``. Two query rows' 64 dimensions stay in registers while the positions go by; then the last
-    whole 32 dimensions, if any, the same way, then the rest one by one."""
+def _tile_values(weights, values, rows, first_kv_head, per_kv_head, head_size, decode_table):
+    """``[query rows, head_size]``: each row's ``weights`` times the values at ``rows``, row ``r`` from
+    KV head ``first_kv_head + r // per_kv_head``. Two query rows of one KV head and 64 dimensions stay
+    in registers while the positions go by; then the last whole 32 dimensions, if any, the same way,
+    then the rest one by one."""
     count, heads = rows.shape[0], weights.shape[0]
     paired = head_size - head_size % simd.PAIR
     acc = np.empty((heads, head_size), dtype=np.float32)
-    for slab in range(0, paired, 2 * simd.PAIR):
-        at, whole = base + slab, slab + 2 * simd.PAIR <= paired  # else one pair is left
-        for r in range(0, heads, 2):
-            w0, w1 = weights[r], weights[min(r + 1, heads - 1)]
-            a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
-            b0, b1, b2, b3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
-            for p in range(count):
-                row, f, g = values[rows[p]], simd.splat(w0[p]), simd.splat(w1[p])
-                x, y = simd.load_pair(row, at, decode_table)
-                a0, a1, b0, b1 = simd.fma(f, x, a0), simd.fma(f, y, a1), simd.fma(g, x, b0), simd.fma(g, y, b1)
+    for kv_head in range(heads // per_kv_head):
+        last = (kv_head + 1) * per_kv_head - 1
+        for slab in range(0, paired, 2 * simd.PAIR):
+            at, whole = (first_kv_head + kv_head) * head_size + slab, slab + 2 * simd.PAIR <= paired  # else one pair is left
+            for r in range(kv_head * per_kv_head, last + 1, 2):
+                w0, w1 = weights[r], weights[min(r + 1, last)]
+                a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
+                b0, b1, b2, b3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
+                for p in range(count):
+                    row, f, g = values[rows[p]], simd.splat(w0[p]), simd.splat(w1[p])
+                    x, y = simd.load_pair(row, at, decode_table)
+                    a0, a1, b0, b1 = simd.fma(f, x, a0), simd.fma(f, y, a1), simd.fma(g, x, b0), simd.fma(g, y, b1)
+                    if whole:
+                        z, u = simd.load_pair(row, at + simd.PAIR, decode_table)
+                        a2, a3, b2, b3 = simd.fma(f, z, a2), simd.fma(f, u, a3), simd.fma(g, z, b2), simd.fma(g, u, b3)
+                simd.store_pair(acc[r], slab, a0, a1, values[0], decode_table)
                 if whole:
-                    z, u = simd.load_pair(row, at + simd.PAIR, decode_table)
-                    a2, a3, b2, b3 = simd.fma(f, z, a2), simd.fma(f, u, a3), simd.fma(g, z, b2), simd.fma(g, u, b3)
-            simd.store_pair(acc[r], slab, a0, a1, values[0], decode_table)
-            if whole:
-                simd.store_pair(acc[r], slab + simd.PAIR, a2, a3, values[0], decode_table)
-            if r + 1 < heads:
-                simd.store_pair(acc[r + 1], slab, b0, b1, values[0], decode_table)
-                if whole:
-                    simd.store_pair(acc[r + 1], slab + simd.PAIR, b2, b3, values[0], decode_table)
+                    simd.store_pair(acc[r], slab + simd.PAIR, a2, a3, values[0], decode_table)
+                if r < last:
+                    simd.store_pair(acc[r + 1], slab, b0, b1, values[0], decode_table)
+                    if whole:
+                        simd.store_pair(acc[r + 1], slab + simd.PAIR, b2, b3, values[0], decode_table)
     for r in range(heads):
+        base = (first_kv_head + r // per_kv_head) * head_size
         for d in range(paired, head_size):
             total = np.float32(0.0)
             for p in range(count):
