@@ -67,6 +67,19 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     return packed, factors if inexact else halves
 
 
+def pack8(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """8-bit weights ``scale * q`` (``q`` ``[out, in]`` int8, ``in`` a multiple of 64; ``scale``
+    ``[out, in // 32]``, GGUF's Q8_0) for :func:`matmul8`: the bytes as they are, and factors laid out
+    as :func:`pack` lays them, with ``-128 * scale`` as the minimums (see :func:`matmul8`)."""
+    rows, size = q.shape
+    if size % PAIR:
+        raise ValueError(f"input size {size} is not a multiple of {PAIR}")
+    factors, halves = np.empty((rows, size // PAIR, 4), np.float32), np.empty((rows, size // PAIR, 4), np.uint16)
+    scale = np.asarray(scale, np.float32)
+    inexact = _pack_factors(scale, np.float32(-128.0) * scale, factors, halves)
+    return np.ascontiguousarray(q, np.int8), factors if inexact else halves
+
+
 @njit(parallel=True, **_OPTIONS)
 def _pack_nibbles(q, packed):
     for r in prange(q.shape[0]):
@@ -149,13 +162,9 @@ def _sum_over(builder: ir.IRBuilder, count: ir.Value, term) -> ir.Value:
     return result
 
 
-@intrinsic
-def _dot(typingctx, weights, high, low, weight_factors, token_factors):
-    """One packed weight row times one quantized activation row, as float32, one 64-input pair of groups
-    per loop iteration: ``scale * step * sum(q * (256 * high + low)) + minimum * sum(x)`` for each group,
-    the integer sums by ``vpdpbusd``. ``weight_factors`` ``[pairs, 4]`` (float16 bits or float32) hold each
-    pair's two scales then two minimums, ``token_factors`` ``[pairs, 4]`` the two steps then the two
-    sums over 8 (each group's 16-lane half has 8 lanes to spread its offset over)."""
+def _make_dot(eight_bit: bool):
+    """The dot product of one weight row with one quantized activation row (see :func:`_dot`): of 4-bit
+    weights packed by :func:`pack`, or with ``eight_bit``, of 8-bit ones from :func:`pack8`."""
 
     def codegen(context, builder, signature, args):
         row, highs, lows, scales, steps = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
@@ -169,12 +178,16 @@ def _dot(typingctx, weights, high, low, weight_factors, token_factors):
             return builder.shuffle_vector(factors, factors, ir.Constant(_vector(_I32, 16), [first] * 8 + [first + 1] * 8))
 
         def pair(p):
-            packed = _load(builder, row, p, 32, _vector(_I8, 32))
-            first = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
-            second = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
-            q = builder.bitcast(builder.shuffle_vector(first, second, ir.Constant(_vector(_I32, 64), list(range(64)))), _LANES)
+            if eight_bit:  # q + 128, unsigned: the sign bit flipped
+                q = builder.bitcast(builder.xor(_load(builder, row, p, 64, _vector(_I8, 64)), ir.Constant(_vector(_I8, 64), [-128] * 64)), _LANES)
+                lower = builder.call(dot_bytes, [zero_lanes, q, _load(builder, lows, p, 64, _LANES)])
+            else:
+                packed = _load(builder, row, p, 32, _vector(_I8, 32))
+                first = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
+                second = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
+                q = builder.bitcast(builder.shuffle_vector(first, second, ir.Constant(_vector(_I32, 64), list(range(64)))), _LANES)
+                lower = builder.call(dot_bytes, [zero_lanes, _load(builder, lows, p, 64, _LANES), q])
             upper = builder.call(dot_bytes, [zero_lanes, q, _load(builder, highs, p, 64, _LANES)])
-            lower = builder.call(dot_bytes, [zero_lanes, _load(builder, lows, p, 64, _LANES), q])
             sums = builder.sitofp(builder.add(builder.shl(upper, ir.Constant(_LANES, [8] * 16)), lower), _FLOATS)
             if halves:
                 weight = builder.fpext(builder.bitcast(_load(builder, scales, p, 4, _vector(ir.IntType(16), 4)), _vector(ir.HalfType(), 4)), four)
@@ -187,37 +200,76 @@ def _dot(typingctx, weights, high, low, weight_factors, token_factors):
         reduce = _declare(builder.module, "llvm.vector.reduce.fadd.v16f32", ir.FunctionType(_F32, [_F32, _FLOATS]))
         return builder.call(reduce, [ir.Constant(_F32, 0.0), total], fastmath=("reassoc",))
 
-    return types.float32(weights, high, low, weight_factors, token_factors), codegen
+    def dot(typingctx, weights, high, low, weight_factors, token_factors):
+        return types.float32(weights, high, low, weight_factors, token_factors), codegen
+
+    return intrinsic(dot)
+
+
+_dot = _make_dot(False)
+"""One packed weight row times one quantized activation row, as float32, one 64-input pair of groups
+per loop iteration: ``scale * step * sum(q * (256 * high + low)) + minimum * sum(x)`` for each group,
+the integer sums by ``vpdpbusd``. ``weight_factors`` ``[pairs, 4]`` (float16 bits or float32) hold each
+pair's two scales then two minimums, ``token_factors`` ``[pairs, 4]`` the two steps then the two sums
+over 8 (each group's 16-lane half has 8 lanes to spread its offset over)."""
+
+_dot8 = _make_dot(True)
+"""The same for 8-bit weights ``q``, read as ``q + 128`` (unsigned, as ``vpdpbusd`` takes its first
+operand) against activations whose low byte is signed too: ``sum((q + 128) * v) = sum(q * v) + 128 *
+sum(v)``, so the minimums ``-128 * scale`` that :func:`pack8` stores take the offset back out."""
 
 
 @njit(**_OPTIONS)
-def _quantize(x, high, low, factors):
-    """One activation row into ``256 * high + low`` per group, with each pair's :func:`_dot` factors."""
+def _quantize(x, high, low, factors, signed_low):
+    """One activation row into ``v = 256 * high + low`` per group, with each pair's :func:`_dot`
+    factors: the two steps, then the two groups' sums over 8. ``low`` is unsigned (0..255), or with
+    ``signed_low`` signed (-128..127, stored as its byte; the largest magnitude is then 32639, so that
+    ``high`` stays within -127..127), and the sums are then ``step * sum(v)``, exactly what
+    :func:`_dot8`'s offset added, rather than ``sum(x)``."""
+    limit = np.float32(32639.0) if signed_low else np.float32(32767.0)
     for g in range(2 * factors.shape[0]):
         start = g * GROUP_SIZE
         largest, total = np.float32(0.0), np.float32(0.0)
         for j in range(start, start + GROUP_SIZE):
             value = _get(x, j)
             largest, total = max(largest, abs(value)), total + value
-        if largest < SMALLEST_STEP * np.float32(32767.0):
+        if largest < SMALLEST_STEP * limit:
             largest = np.float32(0.0)  # such a group weighs nothing next to float32 rounding; its sum still counts
-        factors[g // 2, g % 2], factors[g // 2, 2 + g % 2] = largest / np.float32(32767.0), total / np.float32(8.0)
-        inverse = np.float32(32767.0) / largest if largest > 0 else np.float32(0.0)
+        step = largest / limit
+        inverse = limit / largest if largest > 0 else np.float32(0.0)
+        quantized = 0
         for j in range(start, start + GROUP_SIZE):
             v = np.int32(np.rint(_get(x, j) * inverse))
-            high[j], low[j] = np.int8(v >> 8), np.uint8(v & 255)
+            quantized += v
+            if signed_low:
+                below = ((v + 128) & 255) - 128
+                high[j], low[j] = np.int8((v - below) >> 8), np.uint8(below & 255)
+            else:
+                high[j], low[j] = np.int8(v >> 8), np.uint8(v & 255)
+        factors[g // 2, g % 2] = step
+        factors[g // 2, 2 + g % 2] = (step * np.float32(quantized) if signed_low else total) / np.float32(8.0)
 
 
-@njit(parallel=True, **_OPTIONS)
-def matmul(x, weights, factors, out):
-    """``out`` ``[T, out]`` = ``x`` ``[T, in]`` times the transposed weights packed by :func:`pack`,
-    rounded to ``out``'s dtype. Rows of weights are shared out among the threads; each is read once for
-    all ``T`` activation rows."""
-    rows, size = x.shape
-    high, low = np.empty((rows, size), np.int8), np.empty((rows, size), np.uint8)
-    token_factors = np.empty((rows, size // PAIR, 4), np.float32)
-    for t in range(rows):
-        _quantize(x[t], high[t], low[t], token_factors[t])
-    for r in prange(weights.shape[0]):
+def _rows_times(dot, signed_low: bool):
+    @njit(parallel=True, **_OPTIONS)
+    def times(x, weights, factors, out):
+        rows, size = x.shape
+        high, low = np.empty((rows, size), np.int8), np.empty((rows, size), np.uint8)
+        token_factors = np.empty((rows, size // PAIR, 4), np.float32)
         for t in range(rows):
-            _put(out[t], r, _dot(weights[r], high[t], low[t], factors[r], token_factors[t]))
+            _quantize(x[t], high[t], low[t], token_factors[t], signed_low)
+        for r in prange(weights.shape[0]):
+            for t in range(rows):
+                _put(out[t], r, dot(weights[r], high[t], low[t], factors[r], token_factors[t]))
+
+    return times
+
+
+matmul = _rows_times(_dot, False)
+"""``out`` ``[T, out]`` = ``x`` ``[T, in]`` times the transposed weights packed by :func:`pack`, rounded
+to ``out``'s dtype. Rows of weights are shared out among the threads; each is read once for all ``T``
+activation rows."""
+
+matmul8 = _rows_times(_dot8, True)
+"""The same for 8-bit weights from :func:`pack8`: one ``vpdpbusd`` per 64 products and activation
+byte, where the 8-bit weights as two 4-bit halves take two."""

@@ -1,4 +1,4 @@
-"""The VNNI int4 matmul against numpy in float64, within the bound its 16-bit activation steps allow."""
+"""The VNNI int4 and int8 matmuls against numpy in float64, within the bound their 16-bit activation steps allow."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ def dense(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
     return grouped.reshape(rows, size)
 
 
-def bound(x: np.ndarray, weights: np.ndarray) -> np.ndarray:
+def bound(x: np.ndarray, weights: np.ndarray, limit: int = 32767) -> np.ndarray:
     """How far the kernel may be from the exact product: half a 16-bit step per input times its weight,
     plus float32 rounding of the scaled sums."""
-    step = np.abs(x).reshape(x.shape[0], -1, GROUP).max(-1) / 32767
+    step = np.abs(x).reshape(x.shape[0], -1, GROUP).max(-1) / limit
     quantization = (np.repeat(step, GROUP, axis=1) / 2) @ np.abs(weights).T
     return quantization + 1e-5 * (np.abs(x) @ np.abs(weights).T) + 1e-30
 
@@ -62,6 +62,34 @@ def test_float32_activations_within_their_quantization_bound(tokens: int, rows: 
     assert np.all(np.abs(out - x.astype(np.float64) @ weights.T) <= bound(x, weights))
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    tokens=st.integers(1, 4),
+    rows=st.integers(1, 40),
+    pairs=st.integers(1, 4),
+    magnitude=st.sampled_from([1e-3, 1.0, 300.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_8_bit_weights_within_the_same_bound(tokens: int, rows: int, pairs: int, magnitude: float, seed: int) -> None:
+    """GGUF's Q8_0 (``scale * q``, ``q`` in -128..127, float16 scales) in one call, the activations'
+    largest magnitude at 32639 (their low byte is signed here)."""
+    rng = np.random.default_rng(seed)
+    size = pairs * cpu_int4.PAIR
+    q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
+    q[0, :GROUP] = -128  # the extremes
+    q[-1, -GROUP:] = 127
+    scale = (rng.random((rows, size // GROUP)) * 0.02).astype(np.float16).astype(np.float32)
+    weights, factors = cpu_int4.pack8(q, scale)
+    assert factors.dtype == np.uint16  # -128 * a float16 scale is a float16 too
+    x = (rng.standard_normal((tokens, size)) * magnitude).astype(np.float32)
+    x[0, :GROUP] = 0
+    x[-1, -1] *= 1e4
+    out = np.empty((tokens, rows), np.float32)
+    cpu_int4.matmul8(x, weights, factors, out)
+    dense_weights = (q.reshape(rows, -1, GROUP) * scale[..., None].astype(np.float64)).reshape(rows, size)
+    assert np.all(np.abs(out - x.astype(np.float64) @ dense_weights.T) <= bound(x, dense_weights, 32639))
+
+
 def test_bfloat16_activations_compute_as_their_float32_values_and_round_the_result() -> None:
     rng = np.random.default_rng(0)
     q, scale, minimum = weights_of(rng, 50, 3 * cpu_int4.PAIR)
@@ -87,6 +115,8 @@ def test_groups_far_below_float32_rounding_count_as_zero_without_overflowing() -
 def test_packing_needs_whole_pairs_of_groups() -> None:
     with pytest.raises(ValueError, match="multiple of 64"):
         cpu_int4.pack(np.zeros((2, 96), np.uint8), np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        cpu_int4.pack8(np.zeros((2, 96), np.int8), np.ones((2, 3), np.float32))
 
 
 def test_factors_are_packed_as_float16_exactly_when_every_one_fits() -> None:

@@ -21,7 +21,8 @@ are and widened inside torch's CPU kernels:
 On a CPU with AVX-512 VNNI, int4 weights of inputs a multiple of 64 run on
 ``hetero_kernels.cpu_int4`` instead (:class:`VnniInt4Weights`): integer dot
 products against the activations quantized to 16 bits per group, for one or
-two rows.
+two rows; and 8-bit groups run whole there (:class:`VnniInt8Weights`), one
+integer product per weight byte instead of two halves.
 
 Steps with more rows run the same weights dense (see :class:`PackedLinear`), in
 oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
@@ -221,22 +222,31 @@ def vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> A
 class SplitInt4Weights:
     """:class:`SplitQuantized` weights as one int4 weight twice as wide, the high half's groups then the
     low half's, multiplied by the input written twice: the kernel sums both halves in one call (for
-    torch's kernel a sixth faster than two calls for SmolLM2's head at one row).
+    torch's kernel a sixth faster than two calls for SmolLM2's head at one row)."""
 
-    For :class:`VnniInt4Weights` both halves' offsets go to the high half (``-128 * scale``, the low
-    half's is 0): the same sum, with every factor exact in float16 (half the bytes of float32). Its
-    integer sums need no centring; torch's float32 partial sums keep theirs."""
-
-    def __init__(self, weight: SplitQuantized, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, weight: SplitQuantized, dtype: torch.dtype) -> None:
         high, low = weight.high, weight.low
-        kernel = vnni_kernel(dtype, device, 2 * weight.shape[1])
-        if kernel is not None:
-            high, low = attrs.evolve(high, minimum=high.minimum + low.minimum), attrs.evolve(low, minimum=torch.zeros_like(low.minimum))
         side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
-        self.halves = Int4Weights(side_by_side, dtype) if kernel is None else VnniInt4Weights(side_by_side, kernel)
+        self.halves = Int4Weights(side_by_side, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self.halves.matmul(torch.cat([x, x], dim=1))
+
+
+class VnniInt8Weights:
+    """:class:`SplitQuantized` weights whole again, ``scale * q`` with ``q`` in -128..127 (GGUF's Q8_0),
+    for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per weight byte, half the work of
+    the two int4 halves. For float32 or bfloat16 activations and inputs a multiple of 64."""
+
+    def __init__(self, weight: SplitQuantized, kernel: Any) -> None:
+        q = (16 * (weight.high.q.to(torch.int16) - 8) + weight.low.q).to(torch.int8)
+        self.kernel = kernel
+        self.packed, self.factors = kernel.pack8(q.numpy(), weight.low.scale.float().numpy())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.packed.shape[0], dtype=x.dtype)
+        self.kernel.matmul8(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
+        return out
 
 
 class Int8Weights:
@@ -270,7 +280,7 @@ class PackedLinear(DenseLinear):
 
     def __init__(
         self,
-        packed: Int4Weights | SplitInt4Weights | Int8Weights,
+        packed: Int4Weights | SplitInt4Weights | VnniInt8Weights | Int8Weights,
         dense: torch.Tensor,
         bias: torch.Tensor | None,
         max_rows: int = 0,
@@ -298,7 +308,7 @@ class PackedLinear(DenseLinear):
 
 PACKED_MAX_ROWS = 8
 VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's int4 kernel is faster
-SPLIT_MAX_ROWS = 1  # twice the int4 work: from two rows the blocked bf16 head is faster
+SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
 
 
 def make_linear(
@@ -310,7 +320,10 @@ def make_linear(
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
     if weight_format == "int4" and isinstance(weight, SplitQuantized):
-        return PackedLinear(SplitInt4Weights(weight, dtype, device), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
+        kernel = vnni_kernel(dtype, device, weight.shape[1])
+        if kernel is None:
+            return PackedLinear(SplitInt4Weights(weight, dtype), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
+        return PackedLinear(VnniInt8Weights(weight, kernel), weight.dequantize().to(dtype), bias, VNNI_MAX_ROWS, table)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
         kernel = vnni_kernel(dtype, device, quantized.shape[1])

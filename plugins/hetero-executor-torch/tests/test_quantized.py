@@ -24,7 +24,7 @@ from hetero_executor_torch.quantized import (
     PackedLinear,
     VNNI_MAX_ROWS,
     SplitInt4Weights,
-    VnniInt4Weights,
+    VnniInt8Weights,
     make_linear,
     onednn_blocked,
 )
@@ -35,10 +35,11 @@ CPU = torch.device("cpu")
 Q4 = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
 
 
-def activation_steps(x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """How far the VNNI int4 kernel may move each output by quantizing the activations to 16 bits
-    per group of 32: half a step per input times its weight (torch's kernels take them as they are)."""
-    step = x.abs().view(x.shape[0], -1, 32).amax(-1) / 32767
+def activation_steps(x: torch.Tensor, weights: torch.Tensor, limit: int = 32767) -> torch.Tensor:
+    """How far the VNNI kernels may move each output by quantizing the activations to 16 bits per
+    group of 32 (the largest magnitude to ``limit``): half a step per input times its weight (torch's
+    kernels take them as they are)."""
+    step = x.abs().view(x.shape[0], -1, 32).amax(-1) / limit
     return (step.repeat_interleave(32, dim=1) / 2) @ weights.abs().T
 
 
@@ -56,8 +57,8 @@ def vnni_here() -> bool:
 
 
 def uses_vnni(linear: PackedLinear) -> bool:
-    if isinstance(linear.packed, SplitInt4Weights):
-        return isinstance(linear.packed.halves, VnniInt4Weights)
+    if isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights)):
+        return isinstance(linear.packed, VnniInt8Weights)
     return linear.vnni is not None
 
 
@@ -155,19 +156,20 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
 
 
 @pytest.mark.model  # the embedded model's weights
-@pytest.mark.parametrize("rows", [1, SPLIT_MAX_ROWS, SPLIT_MAX_ROWS + 1])
+@pytest.mark.parametrize("rows", sorted({1, SPLIT_MAX_ROWS + 1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1}))
 def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows: int) -> None:
-    """The embedding / head table (Q8_0): two packed int4 halves reproduce its dequantized float32 matmul."""
+    """The embedding / head table (Q8_0): packed whole for the VNNI kernel, else as two int4 halves,
+    it reproduces its dequantized float32 matmul."""
     tensor = smollm2_tensors["token_embd.weight"]
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q8_groups(tensor.data), None, "auto", torch.float32, CPU)
-    assert isinstance(linear, PackedLinear) and isinstance(linear.packed, SplitInt4Weights)
+    assert isinstance(linear, PackedLinear) and isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights))
     assert uses_vnni(linear) == vnni_here()
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
     halves = q8_groups(tensor.data)
-    magnitudes = halves.high.dequantize().abs() + halves.low.dequantize().abs()  # each half is quantized alike
-    assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes), 1e-5)
+    magnitudes = halves.high.dequantize().abs() + halves.low.dequantize().abs()  # at least the weight's, each half quantized alike
+    assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes, 32639 if uses_vnni(linear) else 32767), 1e-5)
     torch.testing.assert_close(linear.embed(torch.tensor([0, 7, 49151])), dense[[0, 7, 49151]])
 
 
