@@ -1,6 +1,7 @@
-"""Decode attention over a paged KV cache: the Numba kernels against the torch gather + SDPA path.
+"""Attention over a paged KV cache: the Numba kernels against the torch gather + SDPA path.
 
-    python benchmarks/attention.py [--batch 32] [--contexts 128 256 512 1024 2048] [--threads 2]
+    python benchmarks/attention.py [--batch 32] [--contexts 128 256 512 1024 2048]
+        [--chunks 64 256 512 1024] [--threads 2]
 
 SmolLM2's attention shape (9 heads, 3 KV heads, head size 64), block size 16,
 every sequence at the same context length, physical blocks shuffled.
@@ -8,7 +9,12 @@ every sequence at the same context length, physical blocks shuffled.
 On the CPU (float32 and bfloat16 caches): the Numba CPU kernel and the torch
 path (index_select of the blocks, widened to float32, then
 scaled_dot_product_attention with a length mask, as the torch backend runs
-it), median wall time and the K/V bytes each kernel must read per second. On a CUDA GPU,
+it), median wall time and the K/V bytes each kernel must read per second.
+Then one prefill chunk of each ``--chunks`` length with nothing cached
+before, bfloat16: the Numba CPU prefill kernel (float32 queries over the
+bfloat16 cache, causal) against torch's causal scaled_dot_product_attention
+in bfloat16 over the chunk's own keys and values (the torch backend's
+path for such a chunk), with the arithmetic rate of the causal half. On a CUDA GPU,
 when present: the Numba CUDA decode kernel's achieved K/V read bandwidth
 (float16 and float32 caches) against the device's measured copy bandwidth.
 GPU times are averaged over back-to-back launches between CUDA events; at
@@ -88,6 +94,33 @@ def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
             )
 
 
+def cpu_prefill_benchmark(chunks: list[int], repeats: int) -> None:
+    from hetero_kernels import cpu
+
+    print(f"CPU prefill, one causal chunk, bfloat16 cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
+    for length in chunks:
+        query, k_cache, v_cache, tables, _ = problem(1, length, "cpu", torch.bfloat16)
+        query = torch.randn(length, HEADS, HEAD_SIZE)
+        out = np.zeros(query.shape, dtype=np.float32)
+        starts, lengths = np.array([0, length], dtype=np.int32), np.array([length], dtype=np.int32)
+        arrays = (query.numpy(), k_cache.view(torch.uint16).numpy(), v_cache.view(torch.uint16).numpy(), tables.numpy(), starts, lengths)
+        numba_time = median_seconds(lambda: cpu.paged_prefill_attention(out, *arrays, SCALE), repeats)
+
+        def contiguous(cache: torch.Tensor) -> torch.Tensor:  # the chunk's own keys or values, [1, kv_heads, length, head_size]
+            return cache.index_select(0, tables[0].long()).view(-1, KV_HEADS, HEAD_SIZE)[:length].transpose(0, 1)[None]
+
+        q, keys, values = query.bfloat16().transpose(0, 1)[None], contiguous(k_cache), contiguous(v_cache)
+        sdpa = lambda: F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=SCALE, enable_gqa=True)  # noqa: E731
+        torch_time = median_seconds(sdpa, repeats)
+        error = np.abs(out - sdpa()[0].transpose(0, 1).float().numpy()).max()
+        flops = 4 * HEADS * HEAD_SIZE * length * (length + 1) / 2
+        print(
+            f"  chunk {length:5d}: numba {numba_time * 1e3:7.2f} ms ({flops / numba_time / 1e9:5.1f} GFLOP/s)"
+            f"   torch SDPA bf16 {torch_time * 1e3:7.2f} ms ({flops / torch_time / 1e9:5.1f} GFLOP/s)"
+            f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
+        )
+
+
 def gpu_seconds(function, repeats: int) -> float:
     """Mean time per call of ``repeats`` back-to-back calls, between CUDA events."""
     function()
@@ -126,6 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256, 512, 1024], help="prefill chunk lengths")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and numba")
     parser.add_argument("--repeats", type=int, default=9, help="timed CPU runs per measurement (the median is shown)")
     args = parser.parse_args()
@@ -134,6 +168,7 @@ def main() -> None:
     if torch.cuda.is_available():
         cuda_benchmark(args.batch, args.contexts + [8192, 32768])
     cpu_benchmark(args.batch, args.contexts, args.repeats)
+    cpu_prefill_benchmark(args.chunks, args.repeats)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ class LlamaModel:
         self.dtype = dtype
         self.device = device
         weights = dict(tensors)
-        # auto keeps what the file holds exactly (a Q8_0 embedding / head as two int4 halves); int4 and int8
+        # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
         # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
         table_format = "int8" if weight_format in ("int8", "int4") else weight_format
         self.weight_format = weight_format
