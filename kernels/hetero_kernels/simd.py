@@ -79,27 +79,26 @@ def _bfloat16_marker(array: types.Type, table: types.Type) -> bool:
     return isinstance(array, types.Array) and array.dtype == types.uint16 and not float16
 
 
-@intrinsic
-def _load_pair_float32(typingctx, array, index):
-    _check("load_pair", array, types.float32)
+def _load_halves(dtype: types.Type, element: ir.Type, align: int):
+    """The pair loader for arrays of ``dtype`` (``element`` in LLVM): 32 elements widened to float32,
+    the first sixteen then the next sixteen."""
 
-    def codegen(context, builder, signature, args):
-        both = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _F32, PAIR), align=4)
-        return context.make_tuple(builder, _PAIR_TYPE, [_shuffle(builder, both, both, range(LANES)), _shuffle(builder, both, both, range(LANES, PAIR))])
+    @intrinsic
+    def load(typingctx, array, index):
+        _check("load_pair", array, dtype)
 
-    return _PAIR_TYPE(array, types.intp), codegen
+        def codegen(context, builder, signature, args):
+            both = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], element, PAIR), align=align)
+            if element != _F32:  # float16 bits
+                both = builder.fpext(builder.bitcast(both, ir.VectorType(ir.HalfType(), PAIR)), ir.VectorType(_F32, PAIR))
+            return context.make_tuple(builder, _PAIR_TYPE, [_shuffle(builder, both, both, range(LANES)), _shuffle(builder, both, both, range(LANES, PAIR))])
+
+        return _PAIR_TYPE(array, types.intp), codegen
+
+    return load
 
 
-@intrinsic
-def _load_pair_float16(typingctx, array, index):
-    _check("load_pair", array, types.uint16)
-
-    def codegen(context, builder, signature, args):
-        bits = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], _I16, PAIR), align=2)
-        both = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), PAIR)), ir.VectorType(_F32, PAIR))
-        return context.make_tuple(builder, _PAIR_TYPE, [_shuffle(builder, both, both, range(LANES)), _shuffle(builder, both, both, range(LANES, PAIR))])
-
-    return _PAIR_TYPE(array, types.intp), codegen
+_load_pair_float32, _load_pair_float16 = _load_halves(types.float32, _F32, 4), _load_halves(types.uint16, _I16, 2)
 
 
 @intrinsic
