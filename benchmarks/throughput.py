@@ -31,7 +31,6 @@ import resource
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -77,13 +76,8 @@ def weight_bytes(model) -> int:
     import numpy as np
     import torch
 
-    def tensor_bytes(holder) -> int:  # the arrays a weight holder keeps, through nested holders (a split int8 head's halves)
-        def size(value) -> int:
-            if isinstance(value, (torch.Tensor, np.ndarray)):
-                return value.nbytes
-            return tensor_bytes(value) if hasattr(value, "matmul") and not isinstance(value, types.ModuleType) else 0
-
-        return sum(size(v) for v in vars(holder).values())
+    def array_bytes(holder) -> int:  # the tensors and arrays a packed weight holder keeps
+        return sum(v.nbytes for v in vars(holder).values() if isinstance(v, (torch.Tensor, np.ndarray)))
 
     def dense_bytes(linear) -> int:  # one copy: oneDNN's blocked layout where there is one (a tied head keeps both)
         return (linear.blocked if linear.blocked is not None else linear.weight).nbytes
@@ -92,7 +86,7 @@ def weight_bytes(model) -> int:
         return linear.vnni if getattr(linear, "vnni", None) is not None else linear.packed
 
     linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
-    return sum(tensor_bytes(packed(linear)) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
+    return sum(array_bytes(packed(linear)) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
 
 
 def compile_times_ms(engine) -> dict:

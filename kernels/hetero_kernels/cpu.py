@@ -195,16 +195,7 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
     heads = q.shape[0]
     peaks, sums = np.empty(heads, dtype=np.float32), np.empty(heads, dtype=np.float32)
     for h in range(heads):
-        row, peak = scores[h], np.float32(-np.inf)
-        for p in range(row.shape[0]):
-            peak = max(peak, row[p])
-        peaks[h] = peak
-        total = np.float32(0.0)
-        for p in range(row.shape[0]):
-            weight = _weight(row[p] - peak)
-            row[p] = weight
-            total += weight
-        sums[h] = total
+        peaks[h], sums[h] = _softmax_weights(scores[h], scores.shape[1])
     return _tile_values(scores, values, rows, first_kv_head, group, head_size, decode_table), peaks, sums
 
 
@@ -235,6 +226,23 @@ def _in_pair_order(q, keys, decode_table):
         for d in range(paired, q.shape[1]):
             ordered[h, d] = q[h, d]
     return ordered
+
+
+@njit(**_OPTIONS)
+def _softmax_weights(row, seen):
+    """``row``'s first ``seen`` scores replaced by their weights ``exp(score - largest)`` (the rest, a
+    causal mask, by 0); returns the largest score and the sum of the weights."""
+    peak = np.float32(-np.inf)
+    for p in range(seen):
+        peak = max(peak, row[p])
+    total = np.float32(0.0)
+    for p in range(seen):
+        weight = _weight(row[p] - peak)
+        row[p] = weight
+        total += weight
+    for p in range(seen, row.shape[0]):
+        row[p] = 0.0
+    return peak, total
 
 
 @njit(**_OPTIONS)
@@ -303,18 +311,7 @@ def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, 
         scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, values, rows, kv_head, q.shape[0], decode_table)
         sums = np.empty(q.shape[0], dtype=np.float32)
         for r in range(q.shape[0]):
-            row, seen = scores[r], first + r // group + offset + 1
-            peak = np.float32(-np.inf)
-            for p in range(seen):
-                peak = max(peak, row[p])
-            total = np.float32(0.0)
-            for p in range(seen):
-                weight = _weight(row[p] - peak)
-                row[p] = weight
-                total += weight
-            for p in range(seen, visible):
-                row[p] = 0.0
-            sums[r] = total
+            sums[r] = _softmax_weights(scores[r], first + r // group + offset + 1)[1]
         attended = _tile_values(scores, values, rows, kv_head, q.shape[0], head_size, decode_table)
         for r in range(q.shape[0]):
             inverse = np.float32(1.0) / sums[r]
@@ -373,7 +370,7 @@ def _tile_scores(q, keys, values, rows, first_kv_head, per_kv_head, decode_table
                 (a, b), (c, d) = simd.load_pair(key, base + slab, decode_table), simd.load_pair(key, base + slab + simd.PAIR, decode_table)
                 (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
                 scores[r, p] += simd.total(simd.fma(qd, d, simd.fma(qc, c, simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))))
-    for p in range(count):
+    for p in range(count if slabs < head_size else 0):  # head sizes not a multiple of 64
         key = keys[rows[p]]
         for r in range(heads):
             base = (first_kv_head + r // per_kv_head) * head_size

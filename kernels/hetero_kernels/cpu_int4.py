@@ -1,4 +1,4 @@
-"""Group-quantized 4-bit weights times a few activation rows, with AVX-512 VNNI integer dot products.
+"""Group-quantized 4-bit (and 8-bit) weights times a few activation rows, with AVX-512 VNNI integer dot products.
 
 A decode step at batch 1 multiplies each weight once. torch's packed int4
 kernel widens every weight to float32 first and is bound by that arithmetic,
@@ -20,6 +20,9 @@ not by reading the weights. Here each weight stays an integer:
 Weights are packed in pairs of groups, 32 bytes for 64 inputs: byte ``j``
 holds input ``j`` in its low nibble and input ``32 + j`` in its high nibble
 (:func:`pack`). The input size must be a multiple of 64.
+
+8-bit weights (GGUF's Q8_0, :func:`pack8`, :func:`matmul8`) go the same
+way, each byte whole: see :data:`_dot8`.
 
 :data:`SUPPORTED` says whether this machine can run it (AVX-512 BW and VNNI,
 with Numba compiling for the host CPU). Activations and outputs are float32
@@ -60,11 +63,9 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     if size % PAIR:
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
     packed = np.empty((rows, size // 2), np.uint8)
-    factors, halves = np.empty((rows, size // PAIR, 4), np.float32), np.empty((rows, size // PAIR, 4), np.uint16)
     # Numba, not numpy's whole-array ops: those took a quarter of a second to load SmolLM2
     _pack_nibbles(np.asarray(q, np.uint8), packed)
-    inexact = _pack_factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32), factors, halves)
-    return packed, factors if inexact else halves
+    return packed, _factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32))
 
 
 def pack8(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,10 +75,17 @@ def pack8(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows, size = q.shape
     if size % PAIR:
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
-    factors, halves = np.empty((rows, size // PAIR, 4), np.float32), np.empty((rows, size // PAIR, 4), np.uint16)
     scale = np.asarray(scale, np.float32)
-    inexact = _pack_factors(scale, np.float32(-128.0) * scale, factors, halves)
-    return np.ascontiguousarray(q, np.int8), factors if inexact else halves
+    return np.ascontiguousarray(q, np.int8), _factors(scale, np.float32(-128.0) * scale)
+
+
+def _factors(scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
+    """Each pair's two scales then two minimums ``[out, pairs, 4]``: float16 bits where every one is
+    exact in float16, else float32."""
+    shape = (scale.shape[0], scale.shape[1] // 2, 4)
+    factors, halves = np.empty(shape, np.float32), np.empty(shape, np.uint16)
+    inexact = _pack_factors(scale, minimum, factors, halves)
+    return factors if inexact else halves
 
 
 @njit(parallel=True, **_OPTIONS)

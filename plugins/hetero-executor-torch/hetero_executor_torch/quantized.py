@@ -199,12 +199,12 @@ class VnniInt4Weights:
     minimums stay exact. For float32 or bfloat16 activations and inputs a multiple of 64."""
 
     def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
-        self.kernel = kernel
+        self.multiply = kernel.matmul
         self.packed, self.factors = kernel.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.packed.shape[0], dtype=x.dtype)
-        self.kernel.matmul(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
+        self.multiply(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
         return out
 
 
@@ -219,34 +219,29 @@ def vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> A
     return cpu_int4 if cpu_int4.SUPPORTED and in_features % cpu_int4.PAIR == 0 else None
 
 
-class SplitInt4Weights:
-    """:class:`SplitQuantized` weights as one int4 weight twice as wide, the high half's groups then the
-    low half's, multiplied by the input written twice: the kernel sums both halves in one call (for
-    torch's kernel a sixth faster than two calls for SmolLM2's head at one row)."""
+class SplitInt4Weights(Int4Weights):
+    """:class:`SplitQuantized` weights as one packed int4 weight twice as wide, the high half's groups
+    then the low half's, multiplied by the input written twice: the kernel sums both halves in its
+    float32 accumulator, in one call (a sixth faster than two calls for SmolLM2's head at one row)."""
 
     def __init__(self, weight: SplitQuantized, dtype: torch.dtype) -> None:
         high, low = weight.high, weight.low
         side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
-        self.halves = Int4Weights(side_by_side, dtype)
+        super().__init__(side_by_side, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self.halves.matmul(torch.cat([x, x], dim=1))
+        return super().matmul(torch.cat([x, x], dim=1))
 
 
-class VnniInt8Weights:
+class VnniInt8Weights(VnniInt4Weights):
     """:class:`SplitQuantized` weights whole again, ``scale * q`` with ``q`` in -128..127 (GGUF's Q8_0),
     for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per weight byte, half the work of
     the two int4 halves. For float32 or bfloat16 activations and inputs a multiple of 64."""
 
     def __init__(self, weight: SplitQuantized, kernel: Any) -> None:
         q = (16 * (weight.high.q.to(torch.int16) - 8) + weight.low.q).to(torch.int8)
-        self.kernel = kernel
+        self.multiply = kernel.matmul8
         self.packed, self.factors = kernel.pack8(q.numpy(), weight.low.scale.float().numpy())
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(x.shape[0], self.packed.shape[0], dtype=x.dtype)
-        self.kernel.matmul8(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
-        return out
 
 
 class Int8Weights:
