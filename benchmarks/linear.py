@@ -1,7 +1,7 @@
 """One linear layer's time per call by rows, at SmolLM2's shapes: packed int4 (torch's kernel, then
 ``hetero_kernels.cpu_int4`` on float32 arrays as a packed decode step calls it, where this CPU has
-AVX-512 VNNI), packed int8, dense bf16 (plain ``F.linear``, then reordered for oneDNN as the engine
-runs it).
+AVX-512 VNNI, then ``hetero_kernels.cpu_int4_tiles`` on bf16 activations, where it has AVX-512 BF16),
+packed int8, dense bf16 (plain ``F.linear``, then reordered for oneDNN as the engine runs it).
 
     python benchmarks/linear.py [--rows 1,2,4,8,16,32] [--threads 2]
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetero_executor_torch.quantized import DenseLinear, GroupQuantized, Int4Weights, Int8Weights, VnniInt4Weights, vnni_kernel
+from hetero_executor_torch.quantized import DenseLinear, GroupQuantized, Int4Weights, Int8Weights, TiledInt4Weights, VnniInt4Weights, tiles_kernel, vnni_kernel
 
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 
@@ -44,7 +44,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     kernel = vnni_kernel(torch.bfloat16, torch.device("cpu"), 64)
-    columns = "int4 / " + ("int4 VNNI / " if kernel else "") + "int8 / bf16 plain / bf16 blocked"
+    tiled_kernel = tiles_kernel(torch.bfloat16, torch.device("cpu"), torch.Size([16, 32]))
+    columns = "int4 / " + ("int4 VNNI / " if kernel else "") + ("int4 tiled / " if tiled_kernel else "") + "int8 / bf16 plain / bf16 blocked"
     print(f"{args.threads} threads; microseconds per call ({columns}) by rows")
     with torch.inference_mode():
         for name, (out_features, in_features) in SHAPES.items():
@@ -52,12 +53,15 @@ def main() -> None:
             groups = GroupQuantized.from_dense(weight)
             int4, int8, dense = Int4Weights(groups, torch.bfloat16), Int8Weights(weight, torch.bfloat16), weight.bfloat16()
             vnni = VnniInt4Weights(groups, kernel) if kernel else None
+            tiled = TiledInt4Weights(groups, tiled_kernel) if tiled_kernel else None
             blocked = DenseLinear(dense, None)
             cells = []
             for n in rows:
                 x = torch.randn(n, in_features, dtype=torch.bfloat16)
                 x32, out32 = x.float().numpy(), np.empty((n, out_features), np.float32)
                 calls = [lambda: int4.matmul(x), lambda: int8.matmul(x), lambda: F.linear(x, dense), lambda: blocked(x)]
+                if tiled:
+                    calls.insert(1, lambda: tiled.matmul(x))
                 if vnni:
                     calls.insert(1, lambda: kernel.matmul(x32, vnni.packed, vnni.factors, out32))
                 cells.append(f"{n}: " + "/".join(f"{quartile_us(call):.0f}" for call in calls))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.prompt_scoring import score_prompts
-from hetero_executor_torch.quantized import WEIGHT_FORMATS
+from hetero_executor_torch.quantized import WEIGHT_FORMATS, cpu_flags
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
 log = get_logger(__name__)
@@ -44,11 +43,7 @@ def resolve_device(device: str) -> torch.device:
 
 def cpu_has_fast_bf16() -> bool:
     """AVX-512 BF16 or AMX: bf16 matmuls beat fp32 there."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -22,7 +22,10 @@ On a CPU with AVX-512 VNNI, int4 weights of inputs a multiple of 64 run on
 ``hetero_kernels.cpu_int4`` instead (:class:`VnniInt4Weights`): integer dot
 products against the activations quantized to 16 bits per group, for one or
 two rows; and 8-bit groups run whole there (:class:`VnniInt8Weights`), one
-integer product per weight byte instead of two halves.
+integer product per weight byte instead of two halves. On a CPU with AVX-512
+BF16, bfloat16 steps of more rows run int4 weights on
+``hetero_kernels.cpu_int4_tiles`` (:class:`TiledInt4Weights`): each widened
+weight serves a tile of rows, up to :data:`TILED_MAX_ROWS` rows in all.
 
 Steps with more rows run the same weights dense (see :class:`PackedLinear`), in
 oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
@@ -33,6 +36,8 @@ int4 by each group's min and max, int8 by each row's largest magnitude.
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any, Protocol
 
 import attrs
@@ -193,6 +198,21 @@ class Int4Weights:
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
+class TiledInt4Weights:
+    """Groupwise int4 weights for ``hetero_kernels.cpu_int4_tiles``: bfloat16 dot products (AVX-512
+    BF16) of the exact weights with tiles of up to eight activation rows. For bfloat16 activations,
+    outputs a multiple of 16 and inputs a multiple of 32."""
+
+    def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
+        self.multiply, self.out_features = kernel.matmul, weight.shape[0]
+        self.packed, self.factors = kernel.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        self.multiply(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
+        return out
+
+
 class VnniInt4Weights:
     """Groupwise int4 weights for ``hetero_kernels.cpu_int4``: integer dot products (AVX-512 VNNI) with
     the activations quantized to 16 bits per group, finer than bfloat16 rounds them; scales and
@@ -217,6 +237,19 @@ def vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> A
     except ImportError:
         return None
     return cpu_int4 if cpu_int4.SUPPORTED and in_features % cpu_int4.PAIR == 0 else None
+
+
+def tiles_kernel(dtype: torch.dtype, device: torch.device, shape: torch.Size) -> Any:
+    """``hetero_kernels.cpu_int4_tiles`` where it can run these weights (installed, this CPU, bfloat16
+    activations and shape), else None."""
+    if device.type != "cpu" or dtype != torch.bfloat16:
+        return None
+    try:
+        from hetero_kernels import cpu_int4_tiles
+    except ImportError:
+        return None
+    fits = shape[0] % cpu_int4_tiles.OUTPUTS == 0 and shape[1] % cpu_int4_tiles.GROUP_SIZE == 0
+    return cpu_int4_tiles if cpu_int4_tiles.SUPPORTED and fits else None
 
 
 class SplitInt4Weights(Int4Weights):
@@ -267,15 +300,16 @@ class PackedLinear(DenseLinear):
     widened weight across rows), while the dense bf16 matmul costs nearly the
     same from 1 to 32 rows, so packed wins only for a few rows
     (``benchmarks/linear.py``; the crossover measured on SmolLM2's shapes is
-    in ``benchmarks/README.md``). The dense
-    copy holds the packed weights' own values, so a model computes the same
-    function at every batch size (up to rounding: the VNNI kernel's 16-bit
-    activation steps, torch's kernel's bfloat16 scales).
+    in ``benchmarks/README.md``). The tiled kernel does reuse them and serves
+    up to :data:`TILED_MAX_ROWS`. The dense copy holds the packed weights' own
+    values, so a model computes the same function at every batch size (up to
+    rounding: the VNNI kernel's 16-bit activation steps, torch's kernel's
+    bfloat16 scales, the dense copy's bfloat16 weights).
     """
 
     def __init__(
         self,
-        packed: Int4Weights | SplitInt4Weights | VnniInt8Weights | Int8Weights,
+        packed: Int4Weights | TiledInt4Weights | SplitInt4Weights | VnniInt8Weights | Int8Weights,
         dense: torch.Tensor,
         bias: torch.Tensor | None,
         max_rows: int = 0,
@@ -302,6 +336,22 @@ class PackedLinear(DenseLinear):
 
 
 PACKED_MAX_ROWS = 8
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as Linux names them (empty where ``/proc/cpuinfo`` cannot be read)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return frozenset()
+    return frozenset(word for line in lines if line.startswith("flags") for word in line.split(":", 1)[1].split())
+
+
+# The tiled kernel took the same time as oneDNN's bf16 matmul at 32 rows on AVX-512 and less below
+# (Zen 4, benchmarks/README.md). With AMX, oneDNN's matmul is nearly flat in the rows: the tiled
+# kernel keeps only the steps torch's int4 kernel served there.
+TILED_MAX_ROWS = PACKED_MAX_ROWS if "amx_bf16" in cpu_flags() else 32
 VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's int4 kernel is faster
 SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
 
@@ -323,7 +373,11 @@ def make_linear(
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
         kernel = vnni_kernel(dtype, device, quantized.shape[1])
         vnni = None if kernel is None else VnniInt4Weights(quantized, kernel)
-        return PackedLinear(Int4Weights(quantized, dtype), quantized.dequantize().to(dtype), bias, table=table, vnni=vnni)
+        tiles = tiles_kernel(dtype, device, quantized.shape)
+        dense = quantized.dequantize().to(dtype)
+        if tiles is not None:
+            return PackedLinear(TiledInt4Weights(quantized, tiles), dense, bias, TILED_MAX_ROWS, table, vnni)
+        return PackedLinear(Int4Weights(quantized, dtype), dense, bias, table=table, vnni=vnni)
     if weight_format in ("int4", "int8"):
         packed = Int8Weights(as_dense(weight), dtype)
         return PackedLinear(packed, packed.dequantize().to(dtype), bias, table=table)

@@ -20,8 +20,10 @@ from hetero_executor_torch.loading import q4_groups, q8_groups, unpermute, unper
 from hetero_executor_torch.quantized import (
     PACKED_MAX_ROWS,
     SPLIT_MAX_ROWS,
+    TILED_MAX_ROWS,
     GroupQuantized,
     PackedLinear,
+    TiledInt4Weights,
     VNNI_MAX_ROWS,
     SplitInt4Weights,
     VnniInt8Weights,
@@ -54,6 +56,14 @@ def vnni_here() -> bool:
     except ImportError:
         return False
     return cpu_int4.SUPPORTED
+
+
+def tiles_here() -> bool:
+    try:
+        from hetero_kernels import cpu_int4_tiles
+    except ImportError:
+        return False
+    return cpu_int4_tiles.SUPPORTED
 
 
 def uses_vnni(linear: PackedLinear) -> bool:
@@ -100,7 +110,7 @@ def test_int4_from_dense_errs_at_most_half_a_step(rows: int, out_blocks: int, in
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", sorted({1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, 33}))
+@pytest.mark.parametrize("rows", sorted({1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, TILED_MAX_ROWS, TILED_MAX_ROWS + 1}))
 def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtype: torch.dtype, rows: int) -> None:
     torch.manual_seed(0)
     weight, bias = torch.randn(80, 128) * 0.05, torch.randn(80)
@@ -153,6 +163,22 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(2))
         assert_within(linear(x), x @ dense.T, activation_steps(x, dense), 1e-5)
     torch.testing.assert_close(linear.dense(), dense)
+
+
+@pytest.mark.model  # the embedded model's weights
+def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -> None:
+    """bfloat16 activations, more rows than the VNNI kernel takes: the tiled kernel (where this CPU has
+    AVX-512 BF16) reproduces the float32 matmul of the dequantized weights but for rounding its result."""
+    tensor = smollm2_tensors["blk.3.ffn_up.weight"]
+    dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+    linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
+    assert isinstance(linear.packed, TiledInt4Weights) == tiles_here()
+    for rows in (VNNI_MAX_ROWS + 1, 12, linear.max_rows):
+        x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
+        expected = x.float() @ dense.T
+        out = linear(x)
+        assert out.dtype == torch.bfloat16
+        assert_within(out.float(), expected, torch.zeros(()), 2**-8)  # the result's rounding to bfloat16
 
 
 @pytest.mark.model  # the embedded model's weights
