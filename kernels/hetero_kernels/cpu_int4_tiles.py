@@ -35,6 +35,7 @@ import numpy as np
 from llvmlite import binding, ir
 from numba import config, njit, prange, types
 from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetero_kernels.cpu_fused import _get
@@ -116,7 +117,7 @@ class _BFloat16(ir.Type):
         return hash("bfloat")
 
 
-_I8, _I16, _I32, _I64, _F32, _BF16 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType(), _BFloat16()
+_I8, _I32, _I64, _F32, _BF16 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType(), _BFloat16()
 _FLOATS = ir.VectorType(_F32, 16)
 _WEIGHTS = ir.VectorType(_BF16, 32)
 
@@ -193,6 +194,10 @@ def _make_tile(rows: int):
         return context.get_dummy_value()
 
     def work_item(typingctx, packed, factors, x, sums, out, tile, first):
+        expected = {"packed": (packed, (types.uint8,), 3), "factors": (factors, (types.float32,), 3), "x": (x, (types.uint16,), 2), "out": (out, (types.float32, types.uint16), 2)}
+        for name, (array, dtypes, ndim) in expected.items():
+            if not (isinstance(array, types.Array) and array.layout == "C" and array.ndim == ndim and array.dtype in dtypes):
+                raise TypingError(f"cpu_int4_tiles.matmul: {name} must be a contiguous {ndim}-D array of {' or '.join(map(str, dtypes))}, got {array}")
         return types.void(packed, factors, x, sums, out, types.int64, types.int64), codegen
 
     return intrinsic(work_item)

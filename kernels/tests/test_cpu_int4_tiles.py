@@ -79,3 +79,9 @@ def test_packing_needs_whole_tiles_of_outputs_and_groups() -> None:
         tiles.pack(np.zeros((24, 32), np.uint8), np.ones((24, 1), np.float32), np.zeros((24, 1), np.float32))
     with pytest.raises(ValueError, match="multiple of 32"):
         tiles.pack(np.zeros((16, 48), np.uint8), np.ones((16, 1), np.float32), np.zeros((16, 1), np.float32))
+
+
+def test_activations_other_than_bfloat16_bits_are_refused_when_compiled() -> None:
+    q, scale, minimum = weights_of(np.random.default_rng(2), OUTPUTS, GROUP)
+    with pytest.raises(Exception, match="x must be a contiguous 2-D array of uint16"):
+        tiles.matmul(np.ones((1, GROUP), np.float32), *tiles.pack(q, scale, minimum), np.empty((1, OUTPUTS), np.float32))
