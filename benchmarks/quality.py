@@ -9,11 +9,13 @@ position its next-token distribution is compared with float32's: mean
 KL(fp32 || config) in nats, the share of positions where both pick the same
 top token, and the worst position's KL.
 
-An engine configuration is measured on both of its paths: ``batch-1``
+An engine configuration is measured on each of its paths: ``batch-1``
 (prompt prefilled, then the answer decoded one token at a time: the packed
-kernels where the weights are packed) and ``batched`` (the whole sequence in
-one pass: the dense matmuls of many-row steps). transformers in bf16 reads
-the whole sequence in one forward pass.
+kernels where the weights are packed), ``decode-batch`` (every prompt
+prefilled, then all the answers decoded together, one token per chat a step:
+steps of a dozen rows, the tiled int4 kernel where it runs) and ``batched``
+(the whole sequence in one pass: the dense matmuls of many-row steps).
+transformers in bf16 reads the whole sequence in one forward pass.
 """
 
 from __future__ import annotations
@@ -77,6 +79,27 @@ def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> 
     return torch.cat(rows)
 
 
+def decoded_together(executor: TorchExecutor, samples: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Logits predicting each chat's answer tokens: every prompt prefilled in its own blocks, then one
+    step a position decoding the next answer token of every chat that has one."""
+    blocks_each = -(-max(len(p) + len(a) for p, a in samples) // BLOCK)
+    tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(samples))]
+    rows = [[executor.prefill_logits(p, table[: -(-len(p) // BLOCK)])[-1:]] for (p, _), table in zip(samples, tables)]
+    greedy = GenerationParams(temperature=0.0)
+    for offset in range(max(len(a) for _, a in samples) - 1):
+        live = [i for i, (_, a) in enumerate(samples) if offset < len(a) - 1]
+        step = []
+        for i in live:
+            prompt, answer = samples[i]
+            position = len(prompt) + offset
+            step.append(ScheduledSequence(i, [answer[offset]], position, tables[i][: position // BLOCK + 1], True, greedy, prompt + answer[: offset + 1], len(prompt), None))
+        ordered = layout(ExecutionBatch(step, BLOCK))  # shortest context first
+        logits = executor.model.forward(*executor.model_inputs(ordered))
+        for row, sequence in enumerate(ordered.sequences):
+            rows[sequence.seq_id].append(logits[row : row + 1])
+    return [torch.cat(r) for r in rows]
+
+
 def compare(logits: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per position: KL(reference || logits) and whether the top tokens agree."""
     ref = F.log_softmax(reference.float(), dim=-1)
@@ -95,7 +118,7 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
-    parser.add_argument("--paths", default="batch-1,batched", help="which of the engine's paths to measure")
+    parser.add_argument("--paths", default="batch-1,decode-batch,batched", help="which of the engine's paths to measure")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -110,11 +133,15 @@ def main() -> None:
     print(f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:")
     for name in filter(None, args.configs.split(",")):
         executor = TorchExecutor(config, **CONFIGS[name])
-        executor.initialize_cache(1024 // BLOCK, BLOCK)
+        executor.initialize_cache(len(samples) * -(-max(len(p) + len(a) for p, a in samples) // BLOCK), BLOCK)
         with torch.inference_mode():
             if "batch-1" in args.paths:
                 started = time.monotonic()
                 report(f"hetero {name} batch-1", [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+            if "decode-batch" in args.paths:
+                started = time.monotonic()
+                together = decoded_together(executor, samples)
+                report(f"hetero {name} decode-batch", [compare(logits, r) for logits, r in zip(together, references)], time.monotonic() - started)
             if "batched" in args.paths:
                 started = time.monotonic()
                 report(f"hetero {name} batched", [compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
