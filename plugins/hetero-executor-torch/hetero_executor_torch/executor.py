@@ -177,11 +177,14 @@ class TorchExecutor:
         return CudaGraphCapture(self.device) if self.device.type == "cuda" else CheckedReplay()
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
-        """Run the largest prefill and decode steps once, through block 0 (still unused).
+        """Run the largest prefill and decode steps once, and a decode of three sequences, through
+        block 0 (still unused).
 
         The first pass at a given size is slow (memory first touched, kernels
-        picked, with decode graphs the largest batch's graph captured); paying
-        it here keeps it off the first requests.
+        picked or compiled, with decode graphs the largest batch's graph
+        captured); paying it here keeps it off the first requests. Small
+        multi-sequence steps may run other kernels than the largest (the
+        tiled int4 kernel, where the largest step runs dense matmuls).
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         length = max(2, max_num_tokens)
@@ -191,6 +194,8 @@ class TorchExecutor:
         self.execute(ExecutionBatch([prefill], self.block_size))
         decodes = [ScheduledSequence(i, [0], 1, [0], True, params, [0, 0], 1, None) for i in range(max_num_seqs)]
         self.execute(ExecutionBatch(decodes, self.block_size))
+        if max_num_seqs > 3:
+            self.execute(ExecutionBatch(decodes[:3], self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         with torch.inference_mode(), self._on_device():
