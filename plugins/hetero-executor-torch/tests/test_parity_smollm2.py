@@ -104,3 +104,26 @@ def test_prompt_logprobs_match_transformers(reference, engine, generations) -> N
     for position, (entry, target) in enumerate(zip(entries, want)):
         above, near = int((expected[position] > target + 2e-3).sum()), int(((expected[position] - target).abs() <= 2e-3).sum())
         assert above + 1 <= entry.rank <= above + near, f"position {position + 1}: rank {entry.rank}"
+
+
+BF16_NEAR_TIE = 0.5
+
+
+def test_the_default_engine_decoding_chats_together_stays_with_float32(reference) -> None:
+    """The default engine (bf16 where the CPU runs it fast, the GGUF's 4-bit weights packed: on the
+    tiled kernel for steps of a few sequences where the CPU has AVX-512 BF16) decodes four chats at
+    once; each token is float32's choice, or close to it, up to the first near tie."""
+    engine = InferenceEngine(EngineConfig(max_model_len=512))
+    params = GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    chats = CHATS + [[{"role": "user", "content": "Why do cats purr?"}]]
+    ids = [engine.submit_chat(chat, params) for chat in chats]
+    records = {r.request_id: r for r in engine.run()}
+    for record in (records[i] for i in ids):
+        assert len(record.generated_tokens) == NEW_TOKENS
+        with torch.inference_mode():
+            logits = reference(torch.tensor([record.input_tokens + record.generated_tokens])).logits[0, len(record.input_tokens) - 1 : -1]
+        for step, token in enumerate(record.generated_tokens):
+            expected = int(logits[step].argmax())
+            if token != expected:
+                assert float(logits[step, expected] - logits[step, token]) < BF16_NEAR_TIE, f"step {step}: got {token}, float32 picks {expected}"
+                break
