@@ -357,10 +357,13 @@ def _tile_scores(q, keys, values, rows, first_kv_head, per_kv_head, decode_table
                     s1 = simd.fma(qd, d1, simd.fma(qc, c1, simd.fma(qb, b1, simd.fma(qa, a1, simd.zeros()))))
                     s2 = simd.fma(qd, d2, simd.fma(qc, c2, simd.fma(qb, b2, simd.fma(qa, a2, simd.zeros()))))
                     s3 = simd.fma(qd, d3, simd.fma(qc, c3, simd.fma(qb, b3, simd.fma(qa, a3, simd.zeros()))))
-                    simd.store_totals(sums, 0, s0, s1, s2, s3)
-                    row = scores[r]
-                    for i in range(4):
-                        row[p + i] += sums[i]
+                    if slab == 0:  # the first 64 dimensions: the sums are the scores so far
+                        simd.store_totals(scores[r], p, s0, s1, s2, s3)
+                    else:
+                        simd.store_totals(sums, 0, s0, s1, s2, s3)
+                        row = scores[r]
+                        for i in range(4):
+                            row[p + i] += sums[i]
     for p in range(fours, count):
         _prefetch_position(values, rows[p], first, size)
         key = keys[rows[p]]
