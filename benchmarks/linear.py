@@ -89,5 +89,6 @@ def each_copy(call, copies: list[dict]):
     turn = itertools.cycle(copies)
     return lambda: call(next(turn))
 
+
 if __name__ == "__main__":
     main()

@@ -82,7 +82,7 @@ def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> 
 def decoded_together(executor: TorchExecutor, samples: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
     """Logits predicting each chat's answer tokens: every prompt prefilled in its own blocks, then one
     step a position decoding the next answer token of every chat that has one."""
-    blocks_each = -(-max(len(p) + len(a) for p, a in samples) // BLOCK)
+    blocks_each = blocks_per_chat(samples)
     tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(samples))]
     rows = [[executor.prefill_logits(p, table[: -(-len(p) // BLOCK)])[-1:]] for (p, _), table in zip(samples, tables)]
     greedy = GenerationParams(temperature=0.0)
@@ -98,6 +98,11 @@ def decoded_together(executor: TorchExecutor, samples: list[tuple[list[int], lis
         for row, sequence in enumerate(ordered.sequences):
             rows[sequence.seq_id].append(logits[row : row + 1])
     return [torch.cat(r) for r in rows]
+
+
+def blocks_per_chat(samples: list[tuple[list[int], list[int]]]) -> int:
+    """Cache blocks that hold the longest prompt + answer."""
+    return -(-max(len(p) + len(a) for p, a in samples) // BLOCK)
 
 
 def compare(logits: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +138,7 @@ def main() -> None:
     print(f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:")
     for name in filter(None, args.configs.split(",")):
         executor = TorchExecutor(config, **CONFIGS[name])
-        executor.initialize_cache(len(samples) * -(-max(len(p) + len(a) for p, a in samples) // BLOCK), BLOCK)
+        executor.initialize_cache(len(samples) * blocks_per_chat(samples), BLOCK)
         with torch.inference_mode():
             if "batch-1" in args.paths:
                 started = time.monotonic()

@@ -37,6 +37,7 @@ int4 by each group's min and max, int8 by each row's largest magnitude.
 from __future__ import annotations
 
 import functools
+import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -198,10 +199,9 @@ class Int4Weights:
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
-class TiledInt4Weights:
-    """Groupwise int4 weights for ``hetero_kernels.cpu_int4_tiles``: bfloat16 dot products (AVX-512
-    BF16) of the exact weights with tiles of up to eight activation rows. For bfloat16 activations,
-    outputs a multiple of 16 and inputs a multiple of 32."""
+class KernelInt4Weights:
+    """Groupwise int4 weights for a ``hetero_kernels`` CPU matmul module (its ``pack`` lays them out,
+    its ``matmul`` multiplies them), outputs in the activations' dtype."""
 
     def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
         self.multiply, self.out_features = kernel.matmul, weight.shape[0]
@@ -213,43 +213,42 @@ class TiledInt4Weights:
         return out
 
 
-class VnniInt4Weights:
+class TiledInt4Weights(KernelInt4Weights):
+    """Groupwise int4 weights for ``hetero_kernels.cpu_int4_tiles``: bfloat16 dot products (AVX-512
+    BF16) of the exact weights with tiles of up to eight activation rows. For bfloat16 activations,
+    outputs a multiple of 16 and inputs a multiple of 32."""
+
+
+class VnniInt4Weights(KernelInt4Weights):
     """Groupwise int4 weights for ``hetero_kernels.cpu_int4``: integer dot products (AVX-512 VNNI) with
     the activations quantized to 16 bits per group, finer than bfloat16 rounds them; scales and
     minimums stay exact. For float32 or bfloat16 activations and inputs a multiple of 64."""
 
-    def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
-        self.multiply = kernel.matmul
-        self.packed, self.factors = kernel.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(x.shape[0], self.packed.shape[0], dtype=x.dtype)
-        self.multiply(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
-        return out
+def cpu_kernel(name: str, dtype: torch.dtype, device: torch.device, dtypes: tuple[torch.dtype, ...]) -> Any:
+    """The CPU kernel module ``hetero_kernels.<name>`` where it runs here (installed, this CPU, the
+    activations' ``dtype`` among ``dtypes``), else None."""
+    if device.type != "cpu" or dtype not in dtypes:
+        return None
+    try:
+        kernel = importlib.import_module(f"hetero_kernels.{name}")
+    except ImportError:
+        return None
+    return kernel if kernel.SUPPORTED else None
 
 
 def vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> Any:
     """``hetero_kernels.cpu_int4`` where it can run these weights (installed, this CPU, dtype and shape), else None."""
-    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
-        return None
-    try:
-        from hetero_kernels import cpu_int4
-    except ImportError:
-        return None
-    return cpu_int4 if cpu_int4.SUPPORTED and in_features % cpu_int4.PAIR == 0 else None
+    kernel = cpu_kernel("cpu_int4", dtype, device, (torch.float32, torch.bfloat16))
+    return kernel if kernel is not None and in_features % kernel.PAIR == 0 else None
 
 
 def tiles_kernel(dtype: torch.dtype, device: torch.device, shape: torch.Size) -> Any:
     """``hetero_kernels.cpu_int4_tiles`` where it can run these weights (installed, this CPU, bfloat16
     activations and shape), else None."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
-        return None
-    try:
-        from hetero_kernels import cpu_int4_tiles
-    except ImportError:
-        return None
-    fits = shape[0] % cpu_int4_tiles.OUTPUTS == 0 and shape[1] % cpu_int4_tiles.GROUP_SIZE == 0
-    return cpu_int4_tiles if cpu_int4_tiles.SUPPORTED and fits else None
+    kernel = cpu_kernel("cpu_int4_tiles", dtype, device, (torch.bfloat16,))
+    fits = kernel is not None and shape[0] % kernel.OUTPUTS == 0 and shape[1] % kernel.GROUP_SIZE == 0
+    return kernel if fits else None
 
 
 class SplitInt4Weights(Int4Weights):
@@ -266,14 +265,14 @@ class SplitInt4Weights(Int4Weights):
         return super().matmul(torch.cat([x, x], dim=1))
 
 
-class VnniInt8Weights(VnniInt4Weights):
+class VnniInt8Weights(KernelInt4Weights):
     """:class:`SplitQuantized` weights whole again, ``scale * q`` with ``q`` in -128..127 (GGUF's Q8_0),
     for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per weight byte, half the work of
     the two int4 halves. For float32 or bfloat16 activations and inputs a multiple of 64."""
 
     def __init__(self, weight: SplitQuantized, kernel: Any) -> None:
         q = (16 * (weight.high.q.to(torch.int16) - 8) + weight.low.q).to(torch.int8)
-        self.multiply = kernel.matmul8
+        self.multiply, self.out_features = kernel.matmul8, weight.shape[0]
         self.packed, self.factors = kernel.pack8(q.numpy(), weight.low.scale.float().numpy())
 
 

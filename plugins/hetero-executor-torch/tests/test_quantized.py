@@ -27,6 +27,7 @@ from hetero_executor_torch.quantized import (
     VNNI_MAX_ROWS,
     SplitInt4Weights,
     VnniInt8Weights,
+    cpu_kernel,
     make_linear,
     onednn_blocked,
 )
@@ -50,20 +51,9 @@ def assert_within(actual: torch.Tensor, expected: torch.Tensor, slack: torch.Ten
     assert float(excess.max()) <= 0, f"off by {float(excess.max())} beyond the allowed"
 
 
-def vnni_here() -> bool:
-    try:
-        from hetero_kernels import cpu_int4
-    except ImportError:
-        return False
-    return cpu_int4.SUPPORTED
-
-
-def tiles_here() -> bool:
-    try:
-        from hetero_kernels import cpu_int4_tiles
-    except ImportError:
-        return False
-    return cpu_int4_tiles.SUPPORTED
+def kernel_here(name: str) -> bool:
+    """Whether ``hetero_kernels.<name>`` is installed and runs on this CPU."""
+    return cpu_kernel(name, torch.bfloat16, CPU, (torch.bfloat16,)) is not None
 
 
 def uses_vnni(linear: PackedLinear) -> bool:
@@ -158,7 +148,7 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
-    assert uses_vnni(linear) == vnni_here()
+    assert uses_vnni(linear) == kernel_here("cpu_int4")
     for rows in (1, VNNI_MAX_ROWS, linear.max_rows):  # the VNNI kernel's rows where it runs, then torch's kernel's
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(2))
         assert_within(linear(x), x @ dense.T, activation_steps(x, dense), 1e-5)
@@ -172,7 +162,7 @@ def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -
     tensor = smollm2_tensors["blk.3.ffn_up.weight"]
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
-    assert isinstance(linear.packed, TiledInt4Weights) == tiles_here()
+    assert isinstance(linear.packed, TiledInt4Weights) == kernel_here("cpu_int4_tiles")
     for rows in (VNNI_MAX_ROWS + 1, 12, linear.max_rows):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
         expected = x.float() @ dense.T
@@ -191,7 +181,7 @@ def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(q8_groups(tensor.data), None, "auto", torch.float32, CPU)
     assert isinstance(linear, PackedLinear) and isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights))
-    assert uses_vnni(linear) == vnni_here()
+    assert uses_vnni(linear) == kernel_here("cpu_int4")
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
     halves = q8_groups(tensor.data)
     magnitudes = halves.high.dequantize().abs() + halves.low.dequantize().abs()  # at least the weight's, each half quantized alike
