@@ -1,6 +1,6 @@
 """How close each shipped dtype / weight format stays to the float32 model: teacher-forced next-token KL and top-1 agreement.
 
-    python benchmarks/quality.py [--new-tokens 48] [--configs bf16-auto,bf16-dense,...] [--no-transformers]
+    python benchmarks/quality.py [--new-tokens 48] [--configs bf16-auto,bf16-dense,...] [--paths batch-1,decode-batch,batched] [--no-transformers]
 
 The float32 engine (dense weights; it matches transformers in float32, see
 the parity tests) answers a fixed set of chat prompts greedily. Each
@@ -54,6 +54,7 @@ CONFIGS = {
     "bf16-int8": {"dtype": "bfloat16", "weights": "int8"},
     "fp32-int4": {"dtype": "float32", "weights": "int4"},
 }
+PATHS = ("batch-1", "decode-batch", "batched")
 BLOCK = 16
 
 
@@ -123,10 +124,14 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
-    parser.add_argument("--paths", default="batch-1,decode-batch,batched", help="which of the engine's paths to measure")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from {', '.join(PATHS)}")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    configs, paths = list(filter(None, args.configs.split(","))), list(filter(None, args.paths.split(",")))
+    unknown = [c for c in configs if c not in CONFIGS] + [p for p in paths if p not in PATHS]
+    if unknown:
+        parser.error(f"unknown config or path: {', '.join(unknown)}")
     torch.set_num_threads(args.threads)
     model = resolve_model_path(args.model)
     config = EngineConfig(model=str(model), executor={"name": "torch", "dtype": "float32", "weights": "dense", "attention": "torch"}, max_model_len=1024, block_size=BLOCK)
@@ -136,18 +141,18 @@ def main() -> None:
         references = [whole_pass(engine.executor, p + a)[len(p) - 1 : -1] for p, a in samples]
     engine.close()
     print(f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:")
-    for name in filter(None, args.configs.split(",")):
+    for name in configs:
         executor = TorchExecutor(config, **CONFIGS[name])
         executor.initialize_cache(len(samples) * blocks_per_chat(samples), BLOCK)
         with torch.inference_mode():
-            if "batch-1" in args.paths:
+            if "batch-1" in paths:
                 started = time.monotonic()
                 report(f"hetero {name} batch-1", [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
-            if "decode-batch" in args.paths:
+            if "decode-batch" in paths:
                 started = time.monotonic()
                 together = decoded_together(executor, samples)
                 report(f"hetero {name} decode-batch", [compare(logits, r) for logits, r in zip(together, references)], time.monotonic() - started)
-            if "batched" in args.paths:
+            if "batched" in paths:
                 started = time.monotonic()
                 report(f"hetero {name} batched", [compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
         executor.close()
