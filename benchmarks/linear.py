@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--copies", type=int, default=1, help="distinct copies of each weight, used in turn (30: from memory)")
     args = parser.parse_args()
+    if args.copies < 1:
+        parser.error(f"--copies must be at least 1, got {args.copies}")
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     kernel = vnni_kernel(torch.bfloat16, torch.device("cpu"), 64)
