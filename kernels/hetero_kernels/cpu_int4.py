@@ -32,11 +32,12 @@ or bfloat16 bits (``uint16``).
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding, ir
-from numba import config, njit, prange, types
+from llvmlite import ir
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from hetero_kernels import host
 from hetero_kernels.cpu_fused import _get, _put
 
 GROUP_SIZE = 32
@@ -45,13 +46,7 @@ _OPTIONS = dict(fastmath=True, cache=True)
 SMALLEST_STEP = np.float32(1e-30)  # finer steps would overflow their inverse
 
 
-def _host_supports() -> bool:
-    features = set(binding.get_host_cpu_features().flatten().split(","))
-    compiles_for_host = config.CPU_NAME in (None, "host") and config.CPU_FEATURES is None
-    return compiles_for_host and {"+avx512bw", "+avx512vnni"} <= features
-
-
-SUPPORTED = _host_supports()
+SUPPORTED = host.has("avx512bw", "avx512vnni")
 
 
 def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -138,10 +133,6 @@ _LANES = _vector(_I32, 16)  # one 512-bit register as vpdpbusd sees it
 _FLOATS = _vector(_F32, 16)
 
 
-def _declare(module: ir.Module, name: str, function_type: ir.FunctionType) -> ir.Function:
-    return module.globals.get(name) or ir.Function(module, function_type, name)
-
-
 def _load(builder: ir.IRBuilder, array, index: ir.Value, count: int, vector: ir.Type) -> ir.Value:
     """``count`` elements of ``array`` from element ``index``, read as one ``vector`` (unaligned)."""
     address = builder.gep(array.data, [builder.mul(index, ir.Constant(_I64, count))])
@@ -177,7 +168,7 @@ def _make_dot(eight_bit: bool):
     def codegen(context, builder, signature, args):
         row, highs, lows, scales, steps = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
         pairs = cgutils.unpack_tuple(builder, scales.shape)[0]
-        dot_bytes = _declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", ir.FunctionType(_LANES, [_LANES] * 3))
+        dot_bytes = host.declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", _LANES, [_LANES] * 3)
         zero_lanes = ir.Constant(_LANES, None)
         four = _vector(_F32, 4)
         halves = signature.args[3].dtype == types.uint16  # float16 bits
@@ -205,7 +196,7 @@ def _make_dot(eight_bit: bool):
             return builder.fadd(builder.fmul(sums, spread(factors, 0), flags=["fast"]), spread(factors, 2), flags=["fast"])
 
         total = _sum_over(builder, pairs, pair)
-        reduce = _declare(builder.module, "llvm.vector.reduce.fadd.v16f32", ir.FunctionType(_F32, [_F32, _FLOATS]))
+        reduce = host.declare(builder.module, "llvm.vector.reduce.fadd.v16f32", _F32, [_F32, _FLOATS])
         return builder.call(reduce, [ir.Constant(_F32, 0.0), total], fastmath=("reassoc",))
 
     def dot(typingctx, weights, high, low, weight_factors, token_factors):

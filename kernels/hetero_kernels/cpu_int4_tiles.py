@@ -32,12 +32,13 @@ BF16, with Numba compiling for the host CPU). Activations are bfloat16 bits
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import binding, ir
-from numba import config, njit, prange, types
+from llvmlite import ir
+from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from hetero_kernels import host
 from hetero_kernels.cpu_fused import _get
 
 GROUP_SIZE = 32
@@ -48,13 +49,7 @@ PACKED_BYTES = OUTPUTS * GROUP_SIZE // 2  # one group of sixteen outputs, two we
 _OPTIONS = dict(fastmath=True, cache=True)
 
 
-def _host_supports() -> bool:
-    features = set(binding.get_host_cpu_features().flatten().split(","))
-    compiles_for_host = config.CPU_NAME in (None, "host") and config.CPU_FEATURES is None
-    return compiles_for_host and {"+avx512bw", "+avx512bf16"} <= features
-
-
-SUPPORTED = _host_supports()
+SUPPORTED = host.has("avx512bw", "avx512bf16")
 
 
 def _byte_of(pair: int, word: int) -> tuple[int, int]:
@@ -104,26 +99,8 @@ def _pack_nibbles(q, layout, packed):
                     out[byte] |= np.uint8(q[tile * OUTPUTS + word // 2, group * GROUP_SIZE + 2 * pair + word % 2] << shift)
 
 
-class _BFloat16(ir.Type):
-    """LLVM's ``bfloat``, which ``vdpbf16ps``'s intrinsic takes (llvmlite has no such type)."""
-
-    def _to_string(self) -> str:
-        return "bfloat"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _BFloat16)
-
-    def __hash__(self) -> int:
-        return hash("bfloat")
-
-
-_I8, _I32, _I64, _F32, _BF16 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType(), _BFloat16()
-_FLOATS = ir.VectorType(_F32, 16)
-_WEIGHTS = ir.VectorType(_BF16, 32)
-
-
-def _declare(module: ir.Module, name: str, result: ir.Type, arguments: list[ir.Type]) -> ir.Function:
-    return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name)
+_I8, _I32, _I64, _BF16 = ir.IntType(8), ir.IntType(32), ir.IntType(64), host.BFloat16()
+_FLOATS, _WEIGHTS = host.FLOATS, host.BFLOAT16_PAIRS
 
 
 def _constant(element: ir.Type, values: list[int]) -> ir.Constant:
@@ -142,8 +119,7 @@ def _make_tile(rows: int):
         last_row = builder.sub(steps, ir.Constant(_I64, 1))
         outputs = cgutils.unpack_tuple(builder, out.shape)[1]
         row_of = [builder.select(builder.icmp_signed("<", t, last_row), t, last_row) for t in (builder.add(first, ir.Constant(_I64, r)) for r in range(rows))]
-        dot = _declare(builder.module, "llvm.x86.avx512bf16.dpbf16ps.512", _FLOATS, [_FLOATS, _WEIGHTS, _WEIGHTS])
-        fma = _declare(builder.module, "llvm.fma.v16f32", _FLOATS, [_FLOATS] * 3)
+        fma = host.declare(builder.module, "llvm.fma.v16f32", _FLOATS, [_FLOATS] * 3)
         zero, index = ir.Constant(_FLOATS, None), lambda n: ir.Constant(_I64, n)
         exponent, low_nibbles = _constant(_I8, [0x43] * 64), _constant(_I8, [0x0F] * 64)
         pair_words = [builder.bitcast(builder.gep(x.data, [builder.mul(r, size)]), _I32.as_pointer()) for r in row_of]
@@ -171,7 +147,7 @@ def _make_tile(rows: int):
                 pair = builder.add(builder.mul(group, index(GROUP_SIZE // 2)), index(4 * chunk + vector))
                 for r in range(rows):
                     inputs = splat(builder.load(builder.gep(pair_words[r], [pair]), align=4), ir.VectorType(_I32, 16))
-                    partial[r] = builder.call(dot, [partial[r], weights, builder.bitcast(inputs, _WEIGHTS)])
+                    partial[r] = host.dot_bfloat16(builder, partial[r], weights, builder.bitcast(inputs, _WEIGHTS))
         scale = vector_at(factors, builder.mul(item, index(32)), _FLOATS)
         offset = vector_at(factors, builder.add(builder.mul(item, index(32)), index(16)), _FLOATS)
         grown = []

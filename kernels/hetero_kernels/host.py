@@ -1,0 +1,48 @@
+"""What the kernels built from LLVM IR share: whether the host CPU has an instruction set, and LLVM's names for its intrinsics.
+
+Numba compiles for the host CPU unless told otherwise (``NUMBA_CPU_NAME``,
+``NUMBA_CPU_FEATURES``); a kernel that calls an x86 intrinsic directly
+runs only where both hold.
+"""
+
+from __future__ import annotations
+
+from llvmlite import binding, ir
+from numba import config
+
+
+def has(*features: str) -> bool:
+    """Whether Numba compiles for this CPU and it has every one of ``features`` (LLVM's names, such as
+    ``"avx512bf16"``)."""
+    present = set(binding.get_host_cpu_features().flatten().split(","))
+    compiles_for_host = config.CPU_NAME in (None, "host") and config.CPU_FEATURES is None
+    return compiles_for_host and {f"+{feature}" for feature in features} <= present
+
+
+def declare(module: ir.Module, name: str, result: ir.Type, arguments: list[ir.Type]) -> ir.Function:
+    """The function ``name`` (an LLVM intrinsic) in ``module``, declared on first use."""
+    return module.globals.get(name) or ir.Function(module, ir.FunctionType(result, arguments), name)
+
+
+class BFloat16(ir.Type):
+    """LLVM's ``bfloat``, which the AVX-512 BF16 intrinsics take (llvmlite has no such type)."""
+
+    def _to_string(self) -> str:
+        return "bfloat"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BFloat16)
+
+    def __hash__(self) -> int:
+        return hash("bfloat")
+
+
+FLOATS = ir.VectorType(ir.FloatType(), 16)
+BFLOAT16_PAIRS = ir.VectorType(BFloat16(), 32)
+DOT_BFLOAT16 = "llvm.x86.avx512bf16.dpbf16ps.512"  # FLOATS + the pairwise products of two BFLOAT16_PAIRS
+
+
+def dot_bfloat16(builder: ir.IRBuilder, total: ir.Value, first: ir.Value, second: ir.Value) -> ir.Value:
+    """``vdpbf16ps``: ``total`` (FLOATS) plus, lane by lane, the two products of the bfloat16 pairs in
+    ``first`` and ``second`` (BFLOAT16_PAIRS), in float32."""
+    return builder.call(declare(builder.module, DOT_BFLOAT16, FLOATS, [FLOATS, BFLOAT16_PAIRS, BFLOAT16_PAIRS]), [total, first, second])
