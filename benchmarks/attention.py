@@ -10,9 +10,12 @@ On the CPU (float32 and bfloat16 caches): the Numba CPU kernel and the torch
 path (index_select of the blocks, widened to float32, then
 scaled_dot_product_attention with a length mask, as the torch backend runs
 it), median wall time and the K/V bytes each kernel must read per second.
-Then one prefill chunk of each ``--chunks`` length with nothing cached
-before, bfloat16: the Numba CPU prefill kernel (float32 queries over the
-bfloat16 cache, causal) against torch's causal scaled_dot_product_attention
+With a bfloat16 cache the queries are bfloat16 numbers, as a bfloat16
+model's are, which the kernel's scores take as they are (AVX-512 BF16 dot
+products, where the CPU has them); the kernel's time with queries that are
+not (float32 scores) follows. Then one prefill chunk of each ``--chunks``
+length with nothing cached before, bfloat16: the Numba CPU prefill kernel
+(the same two ways, over the bfloat16 cache, causal) against torch's causal scaled_dot_product_attention
 in bfloat16 over the chunk's own keys and values (the torch backend's
 path for such a chunk), with the arithmetic rate of the causal half. On a CUDA GPU,
 when present: the Numba CUDA decode kernel's achieved K/V read bandwidth
@@ -55,7 +58,17 @@ def problem(batch: int, context: int, device: str, dtype=torch.float32):
     tables = torch.randperm(num_blocks, device=device).view(batch, blocks_per_seq).int()
     lengths = torch.full((batch,), context, dtype=torch.int32, device=device)
     query = torch.randn(batch, HEADS, HEAD_SIZE, device=device)
-    return query, k_cache, v_cache, tables, lengths
+    return bfloat16_numbers(query) if dtype == torch.bfloat16 else query, k_cache, v_cache, tables, lengths
+
+
+def bfloat16_numbers(query: torch.Tensor) -> torch.Tensor:
+    """Float32 queries rounded to bfloat16, as a bfloat16 model's queries reach attention."""
+    return query.bfloat16().float()
+
+
+def unrounded(query: np.ndarray) -> np.ndarray:
+    """``query`` nudged off the bfloat16 numbers (by an ulp of float32), for the kernel's float32 scores."""
+    return np.nextafter(query, np.float32(np.inf))
 
 
 def kv_bytes(batch: int, context: int, element_size: int) -> int:
@@ -87,8 +100,12 @@ def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
             torch_time = median_seconds(lambda: torch_path(query, k_cache, v_cache, tables, lengths), repeats)
             error = np.abs(out - torch_path(query, k_cache, v_cache, tables, lengths).numpy()).max()
             size = kv_bytes(batch, context, k_cache.element_size())
+            float32_scores = ""
+            if dtype == torch.bfloat16:
+                other = (unrounded(arrays[0]), *arrays[1:])
+                float32_scores = f"   float32 queries {median_seconds(lambda: cpu.paged_decode_attention(out, *other, SCALE), repeats) * 1e3:7.2f} ms"
             print(
-                f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms ({size / numba_time / 1e9:5.1f} GB/s)"
+                f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms ({size / numba_time / 1e9:5.1f} GB/s){float32_scores}"
                 f"   torch gather+SDPA {torch_time * 1e3:7.2f} ms ({size / torch_time / 1e9:5.1f} GB/s)"
                 f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
             )
@@ -100,10 +117,12 @@ def cpu_prefill_benchmark(chunks: list[int], repeats: int) -> None:
     print(f"CPU prefill, one causal chunk, bfloat16 cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
     for length in chunks:
         query, k_cache, v_cache, tables, _ = problem(1, length, "cpu", torch.bfloat16)
-        query = torch.randn(length, HEADS, HEAD_SIZE)
+        query = bfloat16_numbers(torch.randn(length, HEADS, HEAD_SIZE))
         out = np.zeros(query.shape, dtype=np.float32)
         starts, lengths = np.array([0, length], dtype=np.int32), np.array([length], dtype=np.int32)
         arrays = (query.numpy(), k_cache.view(torch.uint16).numpy(), v_cache.view(torch.uint16).numpy(), tables.numpy(), starts, lengths)
+        other = (unrounded(arrays[0]), *arrays[1:])
+        float32_time = median_seconds(lambda: cpu.paged_prefill_attention(np.zeros_like(out), *other, SCALE), repeats)
         numba_time = median_seconds(lambda: cpu.paged_prefill_attention(out, *arrays, SCALE), repeats)
 
         def contiguous(cache: torch.Tensor) -> torch.Tensor:  # the chunk's own keys or values, [1, kv_heads, length, head_size]
@@ -116,6 +135,7 @@ def cpu_prefill_benchmark(chunks: list[int], repeats: int) -> None:
         flops = 4 * HEADS * HEAD_SIZE * length * (length + 1) / 2
         print(
             f"  chunk {length:5d}: numba {numba_time * 1e3:7.2f} ms ({flops / numba_time / 1e9:5.1f} GFLOP/s)"
+            f"   float32 queries {float32_time * 1e3:7.2f} ms"
             f"   torch SDPA bf16 {torch_time * 1e3:7.2f} ms ({flops / torch_time / 1e9:5.1f} GFLOP/s)"
             f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
         )

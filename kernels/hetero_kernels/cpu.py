@@ -13,7 +13,10 @@ four positions' keys of a KV head (64 dimensions at a time) are read into
 registers once for every query row of that head, and each value row once
 for two of them. With 8 tokens and SmolLM2's three heads per KV head, 24
 prefill rows share each read, where a token on its own re-read its whole
-context.
+context. A bfloat16 model's queries are bfloat16 numbers: over a bfloat16
+cache their scores come from :mod:`hetero_kernels.cpu_scores` instead,
+bfloat16 dot products sixteen positions at a time, where the CPU has
+AVX-512 BF16.
 
 Everything accumulates in float32, reassociated, so results agree with the
 float64 reference to float32 rounding, not bit for bit.
@@ -43,7 +46,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from hetero_kernels import simd
+from hetero_kernels import cpu_scores, host, simd
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16
 
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -75,6 +78,18 @@ def _power_of_two(typingctx, exponent):
         return builder.bitcast(builder.shl(biased, ir.Constant(i32, 23)), ir.FloatType())
 
     return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _larger(typingctx, a, b):
+    """The larger of two float32 numbers (``llvm.maxnum``): unlike ``max``, whose NaN checks keep a loop
+    scalar, a loop of it vectorises."""
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        return builder.call(host.declare(builder.module, "llvm.maxnum.f32", f32, [f32, f32]), args, fastmath=("nnan", "nsz"))
+
+    return types.float32(types.float32, types.float32), codegen
 
 
 @intrinsic
@@ -159,19 +174,19 @@ def _attend(out, query, row, k_cache, v_cache, table, num_positions, first_kv_he
     q = np.empty((num_kv_heads * group, head_size), dtype=np.float32)
     for h in range(q.shape[0]):
         for d in range(head_size):
-            q[h, d] = query[row, first_head + h, d] * scale
-    attended = attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table)
+            q[h, d] = query[row, first_head + h, d]
+    attended = attend_heads(q, scale, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table)
     for h in range(q.shape[0]):
         for d in range(head_size):
             out[row, first_head + h, d] = attended[h, d]
 
 
 @njit(**_OPTIONS)
-def attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table):
-    """Attention ``[heads, head_size]`` (float32) of the scaled query heads ``q`` (float32 ``[heads,
-    head_size]``, ``group`` of them per KV head, reading KV heads ``first_kv_head ..``) over positions
-    ``[0, num_positions)`` of the sequence with block table ``table``."""
-    acc, _, sums = attend_span(q, group, k_cache, v_cache, table, 0, num_positions, first_kv_head, decode_table)
+def attend_heads(q, scale, group, k_cache, v_cache, table, num_positions, first_kv_head, decode_table):
+    """Attention ``[heads, head_size]`` (float32) of the query heads ``q`` (float32 ``[heads,
+    head_size]``, ``group`` of them per KV head, reading KV heads ``first_kv_head ..``; scores scaled by
+    ``scale``) over positions ``[0, num_positions)`` of the sequence with block table ``table``."""
+    acc, _, sums = attend_span(q, scale, group, k_cache, v_cache, table, 0, num_positions, first_kv_head, decode_table)
     for h in range(acc.shape[0]):
         inverse = np.float32(1.0) / sums[h]
         for d in range(acc.shape[1]):
@@ -180,7 +195,7 @@ def attend_heads(q, group, k_cache, v_cache, table, num_positions, first_kv_head
 
 
 @njit(**_OPTIONS)
-def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, decode_table):
+def attend_span(q, scale, group, k_cache, v_cache, table, start, stop, first_kv_head, decode_table):
     """Attention of ``q`` (as :func:`attend_heads`) over positions ``[start, stop)``, not yet
     normalised: the weighted values ``[heads, head_size]``, the largest score of each head and the sum
     of each head's weights ``exp(score - largest)``. An empty span gives zeros and ``-inf``.
@@ -191,11 +206,11 @@ def attend_span(q, group, k_cache, v_cache, table, start, stop, first_kv_head, d
     keys = k_cache.reshape(k_cache.shape[0] * block_size, width)
     values = v_cache.reshape(v_cache.shape[0] * block_size, width)
     rows = _rows(table, block_size, start, stop)
-    scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, values, rows, first_kv_head, group, decode_table)
+    scores = _scores(q, scale, keys, values, rows, first_kv_head, group, decode_table)
     heads = q.shape[0]
     peaks, sums = np.empty(heads, dtype=np.float32), np.empty(heads, dtype=np.float32)
     for h in range(heads):
-        peaks[h], sums[h] = _softmax_weights(scores[h], scores.shape[1])
+        peaks[h], sums[h] = _softmax_weights(scores[h], rows.shape[0])
     return _tile_values(scores, values, rows, first_kv_head, group, head_size, decode_table), peaks, sums
 
 
@@ -211,20 +226,74 @@ def _rows(table, block_size, start, stop):
     return rows
 
 
+def _scores(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table):
+    """Scores ``[query rows, at least len(rows)]`` of ``q`` (float32) against the keys at ``rows``, times
+    ``scale``; query row ``r`` reads KV head ``first_kv_head + r // per_kv_head``. Values are prefetched
+    as their keys are read. Bfloat16 queries on a bfloat16 cache go to :mod:`hetero_kernels.cpu_scores`
+    where the CPU has AVX-512 BF16 (their scores padded to a whole block of 16 positions), the rest to
+    :func:`_tile_scores` (compiled only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_scores)
+def _scores_overload(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table):
+    if not (cpu_scores.SUPPORTED and simd.is_bfloat16(keys, decode_table)):
+        return lambda q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table: _float32_scores(
+            q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table
+        )
+
+    def by_dot_products(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table):
+        pairs = cpu_scores.bfloat16_pairs(q)
+        if pairs.shape[0] < q.shape[0]:  # not bfloat16 numbers
+            return _float32_scores(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table)
+        return _dot_scores(pairs, scale, keys, values, rows, first_kv_head, per_kv_head)
+
+    return by_dot_products
+
+
 @njit(**_OPTIONS)
-def _in_pair_order(q, keys, decode_table):
-    """``q`` with each 32 dimensions in the order :func:`simd.load_pair` reads the keys' (the dimensions
-    past the last whole 32 as they are)."""
+def _float32_scores(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table):
+    return _tile_scores(_in_pair_order(q, scale, keys, decode_table), keys, values, rows, first_kv_head, per_kv_head, decode_table)
+
+
+@njit(**_OPTIONS)
+def _dot_scores(pairs, scale, keys, values, rows, first_kv_head, per_kv_head):
+    """:func:`_scores` of queries as bfloat16 pairs (:func:`cpu_scores.bfloat16_pairs`), sixteen
+    positions at a time, every KV head of them while their keys are in the CPU's cache; keys are
+    prefetched sixteen positions ahead."""
+    count, heads = rows.shape[0], pairs.shape[0]
+    kv_heads, head_size = heads // per_kv_head, 2 * pairs.shape[1]
+    first, size = first_kv_head * head_size, kv_heads * head_size
+    for p in range(min(PREFETCH_AHEAD, count)):
+        _prefetch_position(keys, rows[p], first, size)
+    positions = cpu_scores.POSITIONS
+    scores = np.empty((heads, (count + positions - 1) // positions * positions), dtype=np.float32)
+    for p in range(0, count, positions):
+        for kv_head in range(kv_heads):
+            # a share of the prefetches before each call: all at once, they would queue behind each other
+            low, high = p + kv_head * positions // kv_heads, p + (kv_head + 1) * positions // kv_heads
+            for i in range(low + PREFETCH_AHEAD, min(high + PREFETCH_AHEAD, count)):
+                _prefetch_position(keys, rows[i], first, size)
+            for i in range(low, min(high, count)):
+                _prefetch_position(values, rows[i], first, size)
+            cpu_scores.block(scores, pairs, keys, rows, p, first_kv_head + kv_head, kv_head * per_kv_head, per_kv_head, scale)
+    return scores
+
+
+@njit(**_OPTIONS)
+def _in_pair_order(q, scale, keys, decode_table):
+    """``q * scale`` with each 32 dimensions in the order :func:`simd.load_pair` reads the keys' (the
+    dimensions past the last whole 32 as they are)."""
     ordered = np.empty_like(q)
     interleaved = simd.interleaves(keys[0], decode_table)
     paired = q.shape[1] - q.shape[1] % simd.PAIR
     for h in range(q.shape[0]):
         for c in range(0, paired, simd.PAIR):
             for i in range(simd.LANES):
-                ordered[h, c + i] = q[h, c + 2 * i] if interleaved else q[h, c + i]
-                ordered[h, c + simd.LANES + i] = q[h, c + 2 * i + 1] if interleaved else q[h, c + simd.LANES + i]
+                ordered[h, c + i] = (q[h, c + 2 * i] if interleaved else q[h, c + i]) * scale
+                ordered[h, c + simd.LANES + i] = (q[h, c + 2 * i + 1] if interleaved else q[h, c + simd.LANES + i]) * scale
         for d in range(paired, q.shape[1]):
-            ordered[h, d] = q[h, d]
+            ordered[h, d] = q[h, d] * scale
     return ordered
 
 
@@ -234,7 +303,7 @@ def _softmax_weights(row, seen):
     causal mask, by 0); returns the largest score and the sum of the weights."""
     peak = np.float32(-np.inf)
     for p in range(seen):
-        peak = max(peak, row[p])
+        peak = _larger(peak, row[p])
     total = np.float32(0.0)
     for p in range(seen):
         weight = _weight(row[p] - peak)
@@ -307,8 +376,8 @@ def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, 
         for j in range(tokens):
             for g in range(group):
                 for d in range(head_size):
-                    q[j * group + g, d] = query[first + j, kv_head * group + g, d] * scale
-        scores = _tile_scores(_in_pair_order(q, keys, decode_table), keys, values, rows, kv_head, q.shape[0], decode_table)
+                    q[j * group + g, d] = query[first + j, kv_head * group + g, d]
+        scores = _scores(q, scale, keys, values, rows, kv_head, q.shape[0], decode_table)
         sums = np.empty(q.shape[0], dtype=np.float32)
         for r in range(q.shape[0]):
             sums[r] = _softmax_weights(scores[r], first + r // group + offset + 1)[1]

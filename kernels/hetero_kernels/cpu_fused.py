@@ -185,11 +185,9 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
         q = np.empty((heads, head_size), dtype=np.float32)
         for h in range(heads):
             _rotate(q[h], row, (first_kv_head * group + h) * head_size, c, s, out)
-            for d in range(head_size):
-                q[h, d] *= scale
         start, stop = length * span // spans, length * (span + 1) // spans
         partial[item, span], peaks[item, span], sums[item, span] = attend_span(
-            q, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
+            q, scale, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
         )
     for item in range(items):  # merging is little work: serially, without a second parallel region
         b, first_head = interleaved(item // parts, qkv.shape[0]), (item % parts) * heads

@@ -73,8 +73,9 @@ def _shuffle(builder, first, second, lanes) -> ir.Value:
     return builder.shuffle_vector(first, second, ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes)))
 
 
-def _bfloat16_marker(array: types.Type, table: types.Type) -> bool:
-    """A ``uint16`` array is bfloat16 bits unless a float32 decode table comes with it (float16 bits)."""
+def is_bfloat16(array: types.Type, table: types.Type) -> bool:
+    """Whether ``array`` (a Numba type) holds bfloat16 bits, with ``table`` as the kernels' decode-table
+    argument: a ``uint16`` array does unless a float32 decode table comes with it (float16 bits)."""
     float16 = isinstance(table, types.Array) and table.dtype == types.float32
     return isinstance(array, types.Array) and array.dtype == types.uint16 and not float16
 
@@ -122,7 +123,7 @@ def load_pair(array, index, table=None):
 
 @overload(load_pair, inline="always")
 def _load_pair_overload(array, index, table=None):
-    if _bfloat16_marker(array, table):
+    if is_bfloat16(array, table):
         return lambda array, index, table=None: _load_pair_bfloat16(array, index)
     if isinstance(array, types.Array) and array.dtype == types.uint16:
         return lambda array, index, table=None: _load_pair_float16(array, index)
@@ -136,7 +137,7 @@ def interleaves(array, table=None):
 
 @overload(interleaves, inline="always")
 def _interleaves_overload(array, table=None):
-    interleaved = _bfloat16_marker(array, table)
+    interleaved = is_bfloat16(array, table)
     return lambda array, table=None: interleaved
 
 
@@ -167,7 +168,7 @@ def store_pair(array, index, first, second, like, table=None):
 
 @overload(store_pair, inline="always")
 def _store_pair_overload(array, index, first, second, like, table=None):
-    if _bfloat16_marker(like, table):
+    if is_bfloat16(like, table):
         return lambda array, index, first, second, like, table=None: _store_interleaved(array, index, first, second)
     return lambda array, index, first, second, like, table=None: _store_halves(array, index, first, second)
 

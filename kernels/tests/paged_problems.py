@@ -3,7 +3,8 @@
 Shapes (batch, heads, KV heads with grouped-query attention, head size, block
 size, ragged context lengths including 1 and exact multiples of the block
 size, prefill chunk lengths) are drawn by hypothesis, so a failure shrinks to
-a small shape; values come from a drawn seed. Physical blocks are shuffled,
+a small shape; values come from a drawn seed. With a bfloat16 cache, the
+queries are bfloat16 numbers in about half the problems. Physical blocks are shuffled,
 and every slot no sequence owns holds ``GARBAGE``, so a read outside a
 sequence's context ruins the result.
 """
@@ -62,6 +63,11 @@ class Problem:
         return convert(rng.standard_normal(shape)), convert(rng.standard_normal(shape)), slots
 
 
+def _bfloat16_numbers(values: np.ndarray) -> np.ndarray:
+    """``values`` rounded to bfloat16, as float32."""
+    return (bfloat16_bits(values).astype(np.uint32) << 16).view(np.float32)
+
+
 @st.composite
 def problems(
     draw,
@@ -103,7 +109,9 @@ def problems(
             v_cache[block, offset] = rng.standard_normal((kv_heads, head_size))
     if dtype == BFLOAT16:
         k_cache, v_cache = bfloat16_bits(k_cache), bfloat16_bits(v_cache)
-    query = rng.standard_normal((batch, heads, head_size)).astype(np.float32)
+    # a bfloat16 model's queries are bfloat16 numbers, which the kernels may multiply as they are
+    queries = _bfloat16_numbers if dtype == BFLOAT16 and draw(st.booleans()) else lambda values: values.astype(np.float32)
+    query = queries(rng.standard_normal((batch, heads, head_size)))
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-    prefill = Prefill(rng.standard_normal((int(starts[-1]), heads, head_size)).astype(np.float32), starts)
+    prefill = Prefill(queries(rng.standard_normal((int(starts[-1]), heads, head_size))), starts)
     return Problem(query, k_cache, v_cache, tables, np.array(lengths, dtype=np.int32), float(head_size**-0.5), prefill, seed)

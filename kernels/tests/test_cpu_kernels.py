@@ -1,7 +1,8 @@
 """The Numba CPU kernels against the reference over hypothesis-generated problems.
 
-Tolerances: queries float32, caches float32, float16 or bfloat16 (as raw
-bits); the CPU kernels accumulate in float32 (reassociated), the reference in
+Tolerances: queries float32 (with a bfloat16 cache, sometimes bfloat16
+numbers, which take the dot-product scores of ``cpu_scores``), caches
+float32, float16 or bfloat16 (as raw bits); the CPU kernels accumulate in float32 (reassociated), the reference in
 float64 from the same values, so they agree to atol 1e-5 / rtol 1e-4.
 """
 
