@@ -13,14 +13,18 @@ same roundings (the reductions reassociated):
   applies SwiGLU, in one pass each (torch's ops make several over a long
   chunk), and attends through the backend.
 
-One exception computes a slightly different, more exact, function: a
-decode-only step of at most two sequences whose projections all run on the
-VNNI int4 kernel (``hetero_kernels.cpu_int4``, GGUF's 4-bit weights on an
-AVX-512 VNNI CPU) runs each layer as one ``hetero_kernels.cpu_layer`` call,
-with the activations in float32 between the kernels, whatever the model's
-dtype; only the cache keeps it. That kernel quantizes the activations to 16
-bits per group, finer than bfloat16, so rounding them to bfloat16 first would
-only add error.
+A decode-only step whose projections all run on one of the int4 kernels
+runs each layer as one ``hetero_kernels.cpu_layer`` call, the same kernels
+called from Numba:
+
+- at most two sequences on the VNNI kernel (``hetero_kernels.cpu_int4``,
+  GGUF's 4-bit weights on an AVX-512 VNNI CPU). This computes a slightly
+  different, more exact, function: the activations stay float32 between
+  the kernels, whatever the model's dtype; only the cache keeps it. That
+  kernel quantizes the activations to 16 bits per group, finer than
+  bfloat16, so rounding them to bfloat16 first would only add error;
+- more, up to the tiled kernel's rows (``hetero_kernels.cpu_int4_tiles``,
+  AVX-512 BF16), in bfloat16, op for op as the kernels called one by one.
 
 Figures are in ``benchmarks/README.md``.
 """
@@ -34,7 +38,7 @@ import torch
 
 from hetero_executor_torch.attention import AttentionInputs
 from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
-from hetero_executor_torch.quantized import VNNI_MAX_ROWS, PackedLinear
+from hetero_executor_torch.quantized import TILED_MAX_ROWS, VNNI_MAX_ROWS, Linear, PackedLinear
 
 if TYPE_CHECKING:
     from hetero_executor_torch.model import LlamaModel
@@ -48,16 +52,16 @@ def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -
     return isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype
 
 
-def packed_layers(model: LlamaModel) -> tuple[list[tuple], int]:
-    """Each layer's four projections as ``hetero_kernels.cpu_layer`` takes them, and the most rows they
-    run packed; no layers and 0 rows unless every projection has int4 arrays."""
-    layers = [
-        tuple(linear.int4_arrays() if isinstance(linear, PackedLinear) else None for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
-        for layer in model.layers
-    ]
-    if any(arrays is None for four in layers for arrays in four):
-        return [], 0
-    return layers, VNNI_MAX_ROWS
+def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | None]) -> list[tuple]:
+    """Each layer's four projections as ``hetero_kernels.cpu_layer`` takes them, ``arrays`` of each
+    (:meth:`PackedLinear.int4_arrays` or :meth:`PackedLinear.tiled_arrays`); none unless every
+    projection has them."""
+
+    def of(linear: Linear) -> tuple | None:
+        return arrays(linear) if isinstance(linear, PackedLinear) else None
+
+    layers = [tuple(of(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) for layer in model.layers]
+    return [] if any(four is None for layer in layers for four in layer) else layers
 
 
 class FusedLayers:
@@ -72,8 +76,12 @@ class FusedLayers:
         self.input_norms = [layer.input_norm.numpy() for layer in model.layers]
         self.post_norms = [layer.post_norm.numpy() for layer in model.layers]
         self.final_norm = model.norm.numpy()
-        self.packed_layers, self.packed_rows = packed_layers(model)
-        if self.packed_layers:
+        # the layers as one call each, and the most rows a step may have for them (0: never)
+        self.vnni_layers = packed_layers(model, PackedLinear.int4_arrays)
+        self.vnni_rows = VNNI_MAX_ROWS if self.vnni_layers else 0
+        self.tiled_layers = packed_layers(model, PackedLinear.tiled_arrays) if model.dtype == torch.bfloat16 else []
+        self.tiled_rows = TILED_MAX_ROWS if self.tiled_layers else 0
+        if self.vnni_layers or self.tiled_layers:
             from hetero_kernels import cpu_layer
 
             self.layer_kernel = cpu_layer
@@ -86,8 +94,10 @@ class FusedLayers:
         rows, dtype = input_ids.shape[0], model.dtype
         hidden = model.embedding.embed(input_ids).float()
         stream = hidden.numpy()
-        if attention.num_decodes == rows and rows <= self.packed_rows:
-            self._packed_decodes(stream, positions, attention, kv_caches)
+        if attention.num_decodes == rows and rows <= max(self.vnni_rows, self.tiled_rows):
+            vnni = rows <= self.vnni_rows
+            layers, activations = (self.vnni_layers, torch.float32) if vnni else (self.tiled_layers, dtype)
+            self._packed_decodes(stream, positions, attention, kv_caches, layers, activations)
             return hidden
         cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         # the inputs of each layer's projections, overwritten layer after layer
@@ -109,26 +119,30 @@ class FusedLayers:
                 kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, kernel_array(down))
         return hidden
 
-    def _packed_decodes(self, stream: np.ndarray, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]) -> None:
-        """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer, leaving the
-        residual stream after the last layer in ``stream``.
+    def _packed_decodes(
+        self, stream: np.ndarray, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any], layers: list[tuple], activations: torch.dtype
+    ) -> None:
+        """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer with the
+        projections' ``layers`` arrays, the activations in ``activations``, leaving the residual stream
+        after the last layer in ``stream``.
 
-        The activations stay float32 from layer to layer (only the cache is in the model's dtype): the
-        projections quantize them to 16 bits per group anyway, so rounding them to bfloat16 first would
-        only add error (``benchmarks/quality.py`` measures the difference)."""
+        On the VNNI kernel the activations stay float32 from layer to layer (only the cache is in the
+        model's dtype): the projections quantize them to 16 bits per group anyway, so rounding them to
+        bfloat16 first would only add error (``benchmarks/quality.py`` measures the difference)."""
         config, meta, rows = self.model.config, attention.kernel, stream.shape[0]
-        cos, sin = (table.view(rows, -1).numpy() for table in self.model.rope_tables(positions, torch.float32))
+        cos, sin = (kernel_array(table.view(rows, -1)) for table in self.model.rope_tables(positions, activations))
         caches = self._cache_arrays(kv_caches)
         tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
         plan = self.kernels.decode_plan(rows, caches[0][0])
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
         shapes = ((qkv_size,), (config.num_heads, config.head_size), (config.hidden_size,), (2 * config.intermediate_size,), (config.intermediate_size,))
-        buffers = tuple(np.empty((rows, *shape), dtype=np.float32) for shape in shapes)
-        x = np.empty((rows, config.hidden_size), dtype=np.float32)
+        element = kernel_array(torch.empty(0, dtype=activations)).dtype
+        buffers = tuple(np.empty((rows, *shape), dtype=element) for shape in shapes)
+        x = np.empty((rows, config.hidden_size), dtype=element)
         self.kernels.rms_norm(stream, self.input_norms[0], self.eps, x)
         scale, eps = np.float32(self.model.scale), np.float32(self.eps)
         next_norms = self.input_norms[1:] + [self.final_norm]
-        for weights, (k_cache, v_cache), post_norm, next_norm in zip(self.packed_layers, caches, self.post_norms, next_norms):
+        for weights, (k_cache, v_cache), post_norm, next_norm in zip(layers, caches, self.post_norms, next_norms):
             layer_attention = (cos, sin, k_cache, v_cache, *tables, config.num_heads, scale, *plan)
             self.layer_kernel.decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, layer_attention)
 

@@ -333,6 +333,13 @@ class PackedLinear(DenseLinear):
         usable = self.bias is None and self.vnni is not None
         return (self.vnni.packed, self.vnni.factors) if usable else None
 
+    def tiled_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The weights as ``hetero_kernels.cpu_int4_tiles`` takes them, ``(bytes, factors)``, where that
+        kernel computes this layer (up to ``max_rows`` rows, above ``VNNI_MAX_ROWS`` where the VNNI
+        kernel serves; no bias to add), else None."""
+        usable = self.bias is None and isinstance(self.packed, TiledInt4Weights)
+        return (self.packed.packed, self.packed.factors) if usable else None
+
 
 PACKED_MAX_ROWS = 8
 

@@ -142,7 +142,7 @@ def decode_step(executor: TorchExecutor, sequences: int) -> torch.Tensor:
 
 def int4_executor(model, dtype: str) -> TorchExecutor:
     executor = TorchExecutor(EngineConfig(model=str(model)), dtype=dtype, weights="int4", attention="numba")
-    if executor.model.fused.packed_rows == 0:
+    if executor.model.fused.vnni_rows == 0:
         pytest.skip("no VNNI int4 kernel on this machine")
     return executor
 
@@ -151,10 +151,23 @@ def int4_executor(model, dtype: str) -> TorchExecutor:
 def test_a_layer_in_one_call_computes_its_kernels_calls(int4_ready_model, sequences: int) -> None:
     """float32: a decode step through ``cpu_layer`` (one call per layer) equals the same kernels called one by one."""
     executor = int4_executor(int4_ready_model, "float32")
-    assert sequences <= executor.model.fused.packed_rows
+    assert sequences <= executor.model.fused.vnni_rows
     packed = decode_step(executor, sequences)
-    executor.model.fused.packed_rows = 0  # the layers' kernels called from Python, one by one
+    executor.model.fused.vnni_rows = 0  # the layers' kernels called from Python, one by one
     assert torch.equal(packed, decode_step(executor, sequences))
+
+
+def test_tiled_layers_in_one_call_compute_their_kernels_calls(int4_ready_model) -> None:
+    """bfloat16, three sequences: a decode step through ``cpu_layer`` on the tiled int4 kernel equals
+    the same kernels called one by one, bit for bit."""
+    executor = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", attention="numba")
+    fused = executor.model.fused
+    if fused.tiled_rows == 0:
+        pytest.skip("no tiled int4 kernel on this machine (AVX-512 BF16)")
+    assert fused.vnni_rows < 3 <= fused.tiled_rows
+    one_call = decode_step(executor, 3)
+    fused.tiled_rows = 0
+    assert torch.equal(one_call, decode_step(executor, 3))
 
 
 def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model) -> None:
@@ -163,6 +176,6 @@ def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model)
     reference = decode_step(int4_executor(int4_ready_model, "float32"), 2)
     executor = int4_executor(int4_ready_model, "bfloat16")
     packed = decode_step(executor, 2)
-    executor.model.fused.packed_rows = 0
+    executor.model.fused.vnni_rows = executor.model.fused.tiled_rows = 0
     rounded = decode_step(executor, 2)
     assert float((packed - reference).abs().mean()) < float((rounded - reference).abs().mean())
