@@ -253,6 +253,7 @@ def _scores_overload(q, scale, keys, values, rows, first_kv_head, per_kv_head, d
 
 @njit(**_OPTIONS)
 def _float32_scores(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table):
+    """:func:`_scores` in float32: ``q`` scaled and in the keys' pair order, then :func:`_tile_scores`."""
     return _tile_scores(_in_pair_order(q, scale, keys, decode_table), keys, values, rows, first_kv_head, per_kv_head, decode_table)
 
 
