@@ -103,10 +103,6 @@ _I8, _I32, _I64, _BF16 = ir.IntType(8), ir.IntType(32), ir.IntType(64), host.BFl
 _FLOATS, _WEIGHTS = host.FLOATS, host.BFLOAT16_PAIRS
 
 
-def _constant(element: ir.Type, values: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(element, len(values)), values)
-
-
 def _make_tile(rows: int):
     """The intrinsic computing one work item: sixteen outputs (``tile``) for ``rows`` activation rows
     from ``first`` (rows past the last repeat it)."""
@@ -121,12 +117,8 @@ def _make_tile(rows: int):
         row_of = [builder.select(builder.icmp_signed("<", t, last_row), t, last_row) for t in (builder.add(first, ir.Constant(_I64, r)) for r in range(rows))]
         fma = host.declare(builder.module, "llvm.fma.v16f32", _FLOATS, [_FLOATS] * 3)
         zero, index = ir.Constant(_FLOATS, None), lambda n: ir.Constant(_I64, n)
-        exponent, low_nibbles = _constant(_I8, [0x43] * 64), _constant(_I8, [0x0F] * 64)
+        exponent, low_nibbles = host.constant(_I8, [0x43] * 64), host.constant(_I8, [0x0F] * 64)
         pair_words = [builder.bitcast(builder.gep(x.data, [builder.mul(r, size)]), _I32.as_pointer()) for r in row_of]
-
-        def splat(value, vector_type):
-            one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(_I32, 0))
-            return builder.shuffle_vector(one, one, _constant(_I32, [0] * vector_type.count))
 
         def vector_at(array, element, vector_type):
             return builder.load(builder.bitcast(builder.gep(array.data, [element]), vector_type.as_pointer()), align=1)
@@ -140,20 +132,20 @@ def _make_tile(rows: int):
         partial = [zero] * rows
         for chunk in range(4):
             data = vector_at(packed, builder.add(builder.mul(item, index(PACKED_BYTES)), index(64 * chunk)), ir.VectorType(_I8, 64))
-            nibbles = (builder.and_(data, low_nibbles), builder.lshr(data, _constant(_I8, [4] * 64)))
+            nibbles = (builder.and_(data, low_nibbles), builder.lshr(data, host.constant(_I8, [4] * 64)))
             for vector in range(4):
                 lanes = [byte for word in range(32) for byte in (16 * (word // 8) + word % 8 + 8 * (vector % 2), 64)]
-                weights = builder.bitcast(builder.shuffle_vector(nibbles[vector // 2], exponent, _constant(_I32, lanes)), _WEIGHTS)
+                weights = builder.bitcast(builder.shuffle_vector(nibbles[vector // 2], exponent, host.constant(_I32, lanes)), _WEIGHTS)
                 pair = builder.add(builder.mul(group, index(GROUP_SIZE // 2)), index(4 * chunk + vector))
                 for r in range(rows):
-                    inputs = splat(builder.load(builder.gep(pair_words[r], [pair]), align=4), ir.VectorType(_I32, 16))
+                    inputs = host.splat(builder, builder.load(builder.gep(pair_words[r], [pair]), align=4), ir.VectorType(_I32, 16))
                     partial[r] = host.dot_bfloat16(builder, partial[r], weights, builder.bitcast(inputs, _WEIGHTS))
         scale = vector_at(factors, builder.mul(item, index(32)), _FLOATS)
         offset = vector_at(factors, builder.add(builder.mul(item, index(32)), index(16)), _FLOATS)
         grown = []
         for r in range(rows):
             total = builder.load(builder.gep(sums.data, [builder.add(builder.mul(row_of[r], groups), group)]))
-            grown.append(builder.call(fma, [offset, splat(total, _FLOATS), builder.call(fma, [partial[r], scale, running[r]])]))
+            grown.append(builder.call(fma, [offset, host.splat(builder, total, _FLOATS), builder.call(fma, [partial[r], scale, running[r]])]))
         following = builder.add(group, index(1))
         group.add_incoming(index(0), entry)
         group.add_incoming(following, builder.block)

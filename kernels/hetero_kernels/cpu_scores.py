@@ -57,17 +57,13 @@ def bfloat16_pairs(q):
     return pairs if rest == 0 else np.empty((0, size // 2), np.uint32)
 
 
-def _constant(values: list[int]) -> ir.Constant:
-    return ir.Constant(ir.VectorType(_I32, len(values)), values)
-
-
 def _transpose(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]:
     """Sixteen vectors of sixteen words transposed: word ``j`` of vector ``i`` of the result is word
     ``i`` of ``vectors[j]``. Four rounds of two-input shuffles: words, then word pairs, within each
     128-bit lane; then 128-bit lanes, twice."""
 
     def shuffle(first, second, lanes):
-        return builder.shuffle_vector(first, second, _constant(lanes))
+        return builder.shuffle_vector(first, second, host.constant(_I32, lanes))
 
     def of_lanes(*lanes):  # whole 128-bit lanes, numbered 0-3 in the first input and 4-7 in the second
         return [4 * lane + i for lane in lanes for i in range(4)]
@@ -89,11 +85,6 @@ def _transpose(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]
         result[k], result[4 + k] = shuffle(front_01, front_23, of_lanes(0, 2, 4, 6)), shuffle(front_01, front_23, of_lanes(1, 3, 5, 7))
         result[8 + k], result[12 + k] = shuffle(back_01, back_23, of_lanes(0, 2, 4, 6)), shuffle(back_01, back_23, of_lanes(1, 3, 5, 7))
     return result
-
-
-def _splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
-    one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, one, _constant([0] * vector.count))
 
 
 def _codegen(context, builder, signature, args):
@@ -134,10 +125,10 @@ def _codegen(context, builder, signature, args):
     sums = [builder.select(first_round, zero, builder.load(target, align=4)), zero, zero, zero]  # four chains of dot products
     query = builder.gep(q_pairs.data, [builder.add(builder.mul(row, pairs), done_words)])
     for i in range(WORDS):
-        pair = builder.bitcast(_splat(builder, builder.load(builder.gep(query, [index(i)]), align=4), _WORDS), host.BFLOAT16_PAIRS)
+        pair = builder.bitcast(host.splat(builder, builder.load(builder.gep(query, [index(i)]), align=4), _WORDS), host.BFLOAT16_PAIRS)
         sums[i % 4] = host.dot_bfloat16(builder, sums[i % 4], columns[i], pair)
     total = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
-    builder.store(builder.select(last_round, builder.fmul(total, _splat(builder, scale, _FLOATS)), total), target, align=4)
+    builder.store(builder.select(last_round, builder.fmul(total, host.splat(builder, scale, _FLOATS)), total), target, align=4)
     following = builder.add(r, index(1))
     r.add_incoming(following, builder.block)
     builder.cbranch(builder.icmp_signed("<", following, row_count), rows_loop, next_words)

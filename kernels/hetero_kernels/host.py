@@ -37,6 +37,17 @@ class BFloat16(ir.Type):
         return hash("bfloat")
 
 
+def constant(element: ir.Type, values: list[int]) -> ir.Constant:
+    """A vector constant of ``element``s."""
+    return ir.Constant(ir.VectorType(element, len(values)), values)
+
+
+def splat(builder: ir.IRBuilder, value: ir.Value, vector: ir.VectorType) -> ir.Value:
+    """``value`` in every lane of a ``vector``."""
+    one = builder.insert_element(ir.Constant(vector, None), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, one, constant(ir.IntType(32), [0] * vector.count))
+
+
 FLOATS = ir.VectorType(ir.FloatType(), 16)
 BFLOAT16_PAIRS = ir.VectorType(BFloat16(), 32)
 DOT_BFLOAT16 = "llvm.x86.avx512bf16.dpbf16ps.512"  # FLOATS + the pairwise products of two BFLOAT16_PAIRS

@@ -36,6 +36,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic, models, overload, register_model
 
+from hetero_kernels import host
+
 LANES = 16
 PAIR = 2 * LANES
 _F32, _I16, _I32 = ir.FloatType(), ir.IntType(16), ir.IntType(32)
@@ -70,7 +72,7 @@ def _pointer(context, builder, array_type, array, index, element: ir.Type, count
 
 
 def _shuffle(builder, first, second, lanes) -> ir.Value:
-    return builder.shuffle_vector(first, second, ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes)))
+    return builder.shuffle_vector(first, second, host.constant(_I32, list(lanes)))
 
 
 def is_bfloat16(array: types.Type, table: types.Type) -> bool:
@@ -178,8 +180,7 @@ def splat(typingctx, value):
     """``value`` in every lane."""
 
     def codegen(context, builder, signature, args):
-        first = builder.insert_element(ir.Constant(_VECTOR, ir.Undefined), args[0], ir.Constant(_I32, 0))
-        return _shuffle(builder, first, first, [0] * LANES)
+        return host.splat(builder, args[0], _VECTOR)
 
     return float32x16(types.float32), codegen
 
