@@ -131,11 +131,19 @@ def _normalize_in_parallel(hidden, delta, weight, eps, out):
         _normalize_row(hidden, delta, weight, eps, out, t)
 
 
+@njit(cache=True)
+def normalize_rows(hidden, delta, weight, eps, out):
+    """:func:`rms_norm` with ``eps`` a float32: on both threads from ``PARALLEL_FROM_ROWS`` rows."""
+    if hidden.shape[0] >= PARALLEL_FROM_ROWS:
+        _normalize_in_parallel(hidden, delta, weight, eps, out)
+    else:
+        _normalize(hidden, delta, weight, eps, out)
+
+
 def rms_norm(hidden, weight, eps: float, out, delta=None) -> None:
     """``hidden += delta`` (``delta`` in the activations' dtype; skipped when None), then ``out`` =
     RMSNorm of ``hidden`` (float32 ``[T, H]``) with ``weight`` (float32 ``[H]``)."""
-    normalize = _normalize_in_parallel if hidden.shape[0] >= PARALLEL_FROM_ROWS else _normalize
-    normalize(hidden, delta, weight, np.float32(eps), out)
+    normalize_rows(hidden, delta, weight, np.float32(eps), out)
 
 
 @njit(inline="always", **_OPTIONS)

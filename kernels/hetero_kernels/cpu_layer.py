@@ -15,7 +15,7 @@ from numba import njit
 from numba.extending import overload
 
 from hetero_kernels import cpu_int4, cpu_int4_tiles
-from hetero_kernels.cpu_fused import PARALLEL_FROM_ROWS, _normalize, _normalize_in_parallel, _rotary_decode, swiglu
+from hetero_kernels.cpu_fused import _rotary_decode, normalize_rows, swiglu
 
 
 def _matmul(x, packed, factors, out):
@@ -29,15 +29,6 @@ def _matmul_overload(x, packed, factors, out):
     if packed.ndim == 3:  # cpu_int4_tiles packs [outputs / 16, groups, 256]
         return lambda x, packed, factors, out: cpu_int4_tiles.matmul(x, packed, factors, out)
     return lambda x, packed, factors, out: cpu_int4.matmul(x, packed, factors, out)
-
-
-@njit(cache=True)
-def _normalize_rows(stream, delta, weight, eps, out):
-    """:func:`hetero_kernels.cpu_fused.rms_norm`, on both threads from as many rows as it is."""
-    if stream.shape[0] >= PARALLEL_FROM_ROWS:
-        _normalize_in_parallel(stream, delta, weight, eps, out)
-    else:
-        _normalize(stream, delta, weight, eps, out)
 
 
 @njit(cache=True)
@@ -57,8 +48,8 @@ def decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, attenti
     _matmul(x, qkv_bytes, qkv_factors, qkv)
     _rotary_decode(attended, qkv, *attention)
     _matmul(attended.reshape(x.shape[0], -1), o_bytes, o_factors, projected)
-    _normalize_rows(stream, projected, post_norm, eps, x)
+    normalize_rows(stream, projected, post_norm, eps, x)
     _matmul(x, gate_up_bytes, gate_up_factors, gate_up)
     swiglu(gate_up, mlp)
     _matmul(mlp, down_bytes, down_factors, projected)
-    _normalize_rows(stream, projected, next_norm, eps, x)
+    normalize_rows(stream, projected, next_norm, eps, x)
