@@ -1,4 +1,5 @@
-"""Run with NUMBA_ENABLE_CUDASIM=1: greedy tokens and prompt logprobs of the numba-cuda executor on a tiny model, as JSON.
+"""Greedy tokens and prompt logprobs of the numba-cuda executor on a tiny model, in float32 (as the torch executor
+they are compared with), as JSON: on a GPU, or on the CUDA simulator with NUMBA_ENABLE_CUDASIM=1.
 
 Arguments: the model folder, the prompts (JSON) and whether decode steps replay from graphs.
 """
@@ -16,7 +17,7 @@ kernels.configure(tile=16)  # the simulator runs each GPU thread as a Python thr
 
 model, prompts, decode_graphs = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 engine = InferenceEngine(
-    EngineConfig(model=model, tokenizer="simple", executor={"name": "numba-cuda", "decode_graphs": decode_graphs}, block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6, max_batch_size=2)
+    EngineConfig(model=model, tokenizer="simple", executor={"name": "numba-cuda", "dtype": "float32", "decode_graphs": decode_graphs}, block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6, max_batch_size=2)
 )
 records = engine.generate(prompts, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=1))
 print(json.dumps([[r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]] for r in records]))

@@ -108,8 +108,8 @@ def test_graphs_are_refused_by_name_for_a_backend_without_them(tiny_model) -> No
 
 
 def test_auto_picks_the_numba_kernel_on_the_cpu_and_torch_without_the_kernels(tiny_model, monkeypatch) -> None:
-    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="bfloat16")
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="bfloat16", device="cpu")
     assert executor.attention.name == "numba"
     assert executor.kv_cache_dtype == torch.bfloat16  # read in place, not widened to float32
     monkeypatch.setattr(attention_backend, "_kernels_installed", lambda: False)
-    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="bfloat16").attention.name == "torch"
+    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="bfloat16", device="cpu").attention.name == "torch"

@@ -90,7 +90,7 @@ STEPS = {
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_step_matches_the_torch_ops(tiny_model, dtype, kind) -> None:
     """The same executor and cache, the step run fused and through the torch ops."""
-    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, attention="numba")
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, device="cpu", attention="numba")
     assert executor.model.fused is not None
     executor.initialize_cache(64, BLOCK_SIZE)
     rng = random.Random(3)
@@ -114,9 +114,9 @@ def test_a_step_matches_the_torch_ops(tiny_model, dtype, kind) -> None:
 
 @pytest.mark.parametrize("dtype, kv_cache_dtype, fused", [("bfloat16", "auto", True), ("float32", "auto", True), ("float32", "bfloat16", False)])
 def test_fused_steps_need_the_cache_in_the_model_dtype(tiny_model, dtype, kv_cache_dtype, fused) -> None:
-    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="numba")
+    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", attention="numba")
     assert (executor.model.fused is not None) == fused
-    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention="torch").model.fused is None
+    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", attention="torch").model.fused is None
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def decode_step(executor: TorchExecutor, sequences: int) -> torch.Tensor:
 
 
 def int4_executor(model, dtype: str) -> TorchExecutor:
-    executor = TorchExecutor(EngineConfig(model=str(model)), dtype=dtype, weights="int4", attention="numba")
+    executor = TorchExecutor(EngineConfig(model=str(model)), dtype=dtype, weights="int4", device="cpu", attention="numba")
     if executor.model.fused.vnni_rows == 0:
         pytest.skip("no VNNI int4 kernel on this machine")
     return executor
@@ -160,7 +160,7 @@ def test_a_layer_in_one_call_computes_its_kernels_calls(int4_ready_model, sequen
 def test_tiled_layers_in_one_call_compute_their_kernels_calls(int4_ready_model) -> None:
     """bfloat16, three sequences: a decode step through ``cpu_layer`` on the tiled int4 kernel equals
     the same kernels called one by one, bit for bit."""
-    executor = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", attention="numba")
+    executor = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba")
     fused = executor.model.fused
     if fused.tiled_rows == 0:
         pytest.skip("no tiled int4 kernel on this machine (AVX-512 BF16)")

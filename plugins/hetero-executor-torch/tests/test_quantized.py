@@ -197,13 +197,13 @@ def test_weights_option_is_validated(tiny_model) -> None:
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_a_quantized_checkpoint_computes_the_same_function_at_every_batch_size(tiny_model, fmt: str) -> None:
     """Prefill rows run the dense copy of the quantized weights, single decodes the packed kernels: same logits."""
-    packed = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", weights=fmt)
+    packed = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", weights=fmt)
     assert packed.weight_format == fmt and isinstance(packed.model.layers[0].qkv, PackedLinear)
     ids = [5, 17, 99, 3, 250, 40, 41, 7]
     whole = our_logits(packed, ids)
     decoded = torch.cat([one_token_logits(packed, ids[6], 6), one_token_logits(packed, ids[7], 7)])
     torch.testing.assert_close(decoded, whole[6:], atol=1e-4, rtol=1e-4)
-    dense = our_logits(TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", weights="dense"), ids)
+    dense = our_logits(TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", weights="dense"), ids)
     assert float((dense - whole).abs().max()) < 0.25 * float(dense.abs().max())
 
 

@@ -30,7 +30,7 @@ def test_logits_match_transformers(tmp_path, architecture: str, tie: bool) -> No
     ids = torch.randint(0, 259, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = reference(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(our_logits(executor, ids), expected, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(our_logits(executor, ids).cpu(), expected, atol=2e-4, rtol=1e-4)
 
 
 class TestTinyModelExecutorContract(ExecutorContract):
@@ -103,12 +103,12 @@ def test_pool_sized_from_memory(tiny_model) -> None:
 class TestNumbaAttentionExecutorContract(ExecutorContract):
     @pytest.fixture(scope="class")
     def executor(self, tiny_model):
-        return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", attention="numba")
+        return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", attention="numba")
 
 
 @pytest.mark.parametrize("overrides", [{}, {"max_total_tokens": 7}, {"max_num_blocks": 20, "max_model_len": 80}], ids=["batched", "chunked", "preempting"])
 def test_numba_attention_gives_the_same_tokens(tiny_model, one_at_a_time, overrides) -> None:
-    engine = tiny_engine(tiny_model, executor={"name": "torch", "dtype": "float32", "attention": "numba"}, **overrides)
+    engine = tiny_engine(tiny_model, executor={"name": "torch", "dtype": "float32", "device": "cpu", "attention": "numba"}, **overrides)
     assert outputs(engine, PROMPTS, GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)) == one_at_a_time
 
 
