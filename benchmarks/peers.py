@@ -18,7 +18,8 @@ PAD = 2
 
 
 def load_transformers(path, dtype: torch.dtype):
-    """Dense weights in ``dtype`` (transformers 5 would otherwise keep a GGUF's blocks packed and compute in float32)."""
+    """Dense weights in ``dtype`` (transformers 5 would otherwise keep a GGUF's blocks packed and compute in float32),
+    on the GPU where torch sees one (as the engine's executor would be)."""
     import transformers
 
     if path.is_file():
@@ -26,7 +27,7 @@ def load_transformers(path, dtype: torch.dtype):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype, quantization_config=dense)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return model.eval()
+    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
 
 
 def timed_generate(model, requests: list[Request]) -> list[float]:
@@ -47,7 +48,7 @@ def timed_generate(model, requests: list[Request]) -> list[float]:
     mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in requests])
     clock = Clock()
     model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+        input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
         pad_token_id=PAD, logits_processor=transformers.LogitsProcessorList([clock]),
     )
     return clock.times

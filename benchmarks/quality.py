@@ -21,6 +21,11 @@ prefilled, then all the answers decoded together, one token per chat a step:
 steps of a dozen rows, the tiled int4 kernel where it runs) and ``batched``
 (the whole sequence in one pass: the dense matmuls of many-row steps).
 transformers in bf16 reads the whole sequence in one forward pass.
+
+Everything runs on CUDA where torch sees a GPU (the executors' ``auto``
+device; transformers too). The default configurations follow the device:
+``bf16-auto,bf16-dense,bf16-int8,fp32-int4`` on the CPU (packed weights are
+CPU kernels), ``bf16-dense,fp16-dense`` on CUDA (float16 is CUDA's only).
 """
 
 from __future__ import annotations
@@ -58,7 +63,10 @@ CONFIGS = {
     "bf16-dense": {"dtype": "bfloat16", "weights": "dense"},
     "bf16-int8": {"dtype": "bfloat16", "weights": "int8"},
     "fp32-int4": {"dtype": "float32", "weights": "int4"},
+    "fp16-dense": {"dtype": "float16", "weights": "dense"},
 }
+# The packed formats are CPU kernels and float16 runs on CUDA only (where auto weights are dense).
+DEFAULT_CONFIGS = {"cpu": ("bf16-auto", "bf16-dense", "bf16-int8", "fp32-int4"), "cuda": ("bf16-dense", "fp16-dense")}
 PATHS = ("batch-1", "decode-batch", "batched")
 BLOCK = 16
 
@@ -128,7 +136,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--new-tokens", type=int, default=200)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, from {', '.join(CONFIGS)}")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS[device]), help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from {', '.join(PATHS)}")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
@@ -166,10 +175,11 @@ def main() -> None:
 
         for dtype in (torch.bfloat16, torch.float32):
             dense = transformers.GgufConfig(dequantize=True)
-            hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense).eval()
+            hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense)
+            hf = hf.to(device).eval()
             started = time.monotonic()
             with torch.inference_mode():
-                parts = [compare(hf(torch.tensor([p + a])).logits[0, len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)]
+                parts = [compare(hf(torch.tensor([p + a], device=device)).logits[0, len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)]
             report(f"transformers {str(dtype).removeprefix('torch.')}", parts, time.monotonic() - started)
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py [--compare-hf] [--workloads standard,sequential,mixed]
         [--peers hetero,hetero-dense,...] [--dtype auto] [--weights auto] [--repeats 1]
+        [--attention auto|torch|numba|numba-cuda] [--decode-graphs auto|true|false]
 
 Workloads (``workload.py``): ``standard`` (32 prompts of 16..256 tokens, 64
 greedy new tokens each, all at once), ``sequential`` (the same, one request
@@ -21,6 +22,10 @@ compile times), ``hetero-dense``
 Each (workload, peer) runs in a fresh process, so its peak RSS is its own;
 peers alternate within a workload, and ``--repeats`` runs the whole round
 again, so ratios come from neighbouring runs on a shared machine.
+
+Where torch sees a CUDA device, the engine runs there (its executors' ``auto``
+device) and so does transformers; the peak GPU memory is reported beside the
+RSS, and the memory bandwidth is the GPU's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from workload import WORKLOADS, Request, percentile, workload  # noqa: E402
 HETERO_PEERS = {"hetero": {}, "hetero-json": {}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"}, "hetero-fp32": {"dtype": "float32", "weights": "dense"}}
 PEERS = (*HETERO_PEERS, "transformers-bf16", "transformers-fp32", "llama-cpp")
 MARK = "RESULT "
+DECODE_GRAPHS = {"auto": "auto", "true": True, "false": False}
 CONSTRAINED = {"hetero-json"}
 RECORDS = {  # an array of at least 50 small records: structure, integers, bounded strings and booleans
     "type": "array",
@@ -59,16 +65,25 @@ def peak_rss_mb() -> float:
 # ---------------------------------------------------------------------------------------- the engine
 
 
-def memory_bandwidth_gbs() -> float:
-    """Read bandwidth of a sum over 256 MiB (what streaming weights at batch 1 is bound by)."""
+def memory_bandwidth_gbs(device) -> float:
+    """Read bandwidth of a sum over 256 MiB on ``device`` (what streaming weights at batch 1 is bound by)."""
     import torch
 
-    data = torch.ones(64 * 2**20)
+    data = torch.ones(64 * 2**20, device=device)
     data.sum()
+    synchronize(device)
     started = time.monotonic()
     for _ in range(5):
         data.sum()
+    synchronize(device)
     return 5 * data.numel() * 4 / (time.monotonic() - started) / 1e9
+
+
+def synchronize(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def weight_bytes(model) -> int:
@@ -118,7 +133,10 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
     recorder = StepRecorder()
     pm = create_plugin_manager()
     pm.register(recorder, name="step-recorder")
-    executor = {"name": "torch", "dtype": args.dtype, "weights": args.weights, "attention": args.attention, "num_threads": args.threads, **options}
+    executor = {
+        "name": "torch", "dtype": args.dtype, "weights": args.weights, "attention": args.attention, "num_threads": args.threads,
+        "decode_graphs": DECODE_GRAPHS[args.decode_graphs], **options,
+    }
     config = EngineConfig(
         model=args.model, executor=executor, max_num_seqs=args.max_num_seqs, max_batch_size=args.max_num_seqs,
         max_total_tokens=args.max_total_tokens, max_model_len=1024,
@@ -168,7 +186,7 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
         "decode_tokens": sum(s.num_decode_tokens for s in decode), "decode_seconds": sum(s.duration for s in decode),
         "engine_ms_per_step": (step_seconds - execute_seconds[0]) / max(1, len(recorder.steps)) * 1e3,
         "steps": len(recorder.steps), "load_seconds": load_seconds,
-        "weights_mb": weight_bytes(model) / 2**20, "bandwidth_gbs": memory_bandwidth_gbs(),
+        "weights_mb": weight_bytes(model) / 2**20, "bandwidth_gbs": memory_bandwidth_gbs(engine.executor.device),
         "config": f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention.name}",
     }
 
@@ -196,6 +214,8 @@ def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
             dtype = torch.bfloat16 if peer == "transformers-bf16" else torch.float32
             result = peers.run_transformers(path, dtype, requests, sequential)
     result["peak_rss_mb"] = peak_rss_mb()
+    if torch.cuda.is_available():
+        result["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
     if sequential:
         longest = max(range(len(requests)), key=lambda i: len(requests[i].prompt))
         result["ttft_longest"] = result["ttfts"][longest]
@@ -220,6 +240,8 @@ def describe(peer: str, r: dict) -> str:
     if "ttft_longest" in r:
         line += f", 256-token prompt {r['ttft_longest'] * 1e3:4.0f} ms"
     line += f", peak RSS {r['peak_rss_mb']:5.0f} MiB"
+    if "gpu_peak_mb" in r:
+        line += f", GPU peak {r['gpu_peak_mb']:5.0f} MiB"
     if "compile_cold_ms" in r:
         line += f", schema compile {r['compile_cold_ms']:.1f} ms cold / {r['compile_cached_ms']:.3f} ms cached"
     if "engine_ms_per_step" in r:
@@ -256,7 +278,8 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--weights", default="auto", help="the torch executor's weights option for peer 'hetero'")
-    parser.add_argument("--attention", default="auto", choices=["auto", "torch", "numba"], help="the torch executor's attention backend")
+    parser.add_argument("--attention", default="auto", choices=["auto", "torch", "numba", "numba-cuda"], help="the torch executor's attention backend")
+    parser.add_argument("--decode-graphs", default="auto", choices=list(DECODE_GRAPHS), help="the torch executor's decode graphs (auto: on CUDA)")
     parser.add_argument("--workloads", default="standard,sequential", help=f"comma-separated, from {', '.join(WORKLOADS)}")
     parser.add_argument("--peers", default="hetero", help=f"comma-separated, from {', '.join(PEERS)}")
     parser.add_argument("--compare-hf", action="store_true", help="add transformers bf16 and fp32, and llama-cpp when installed")
@@ -280,7 +303,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown peer or workload: {', '.join(unknown)}")
     argv = [a for a in sys.argv[1:] if a != "--compare-hf"]
-    print(f"{args.threads} threads; hetero: dtype {args.dtype}, weights {args.weights}, max_num_seqs {args.max_num_seqs}")
+    print(
+        f"{args.threads} threads; hetero: dtype {args.dtype}, weights {args.weights}, attention {args.attention}, "
+        f"decode graphs {args.decode_graphs}, max_num_seqs {args.max_num_seqs}"
+    )
     for name in args.workloads.split(","):
         print(f"workload {name}")
         results: dict[str, list[dict]] = {}
