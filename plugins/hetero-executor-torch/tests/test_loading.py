@@ -63,6 +63,19 @@ def test_bad_dtype_is_a_clear_error(tmp_path) -> None:
         TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float64")
 
 
+def test_auto_dtype_on_cuda_is_float16_for_a_gguf_and_bfloat16_for_a_checkpoint(monkeypatch) -> None:
+    import torch
+
+    from hetero_executor_torch import executor
+
+    cuda = torch.device("cuda")
+    assert executor.resolve_dtype("auto", cuda, gguf=True) == torch.float16
+    assert executor.resolve_dtype("auto", cuda, gguf=False) == torch.bfloat16
+    assert executor.resolve_dtype("bfloat16", cuda, gguf=True) == torch.bfloat16
+    monkeypatch.setattr(executor, "cpu_has_fast_bf16", lambda: True)
+    assert executor.resolve_dtype("auto", torch.device("cpu"), gguf=True) == torch.bfloat16
+
+
 def test_every_end_of_sequence_id_of_config_and_generation_config_counts() -> None:
     from hetero_executor_torch.model_config import token_ids
 
