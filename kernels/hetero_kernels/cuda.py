@@ -28,6 +28,7 @@ when it runs): change them before the first launch.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 from numba import cuda, float32
@@ -330,13 +331,22 @@ def _head_grouping(num_heads: int, num_kv_heads: int, head_size: int) -> tuple[i
     return -(-group // blocks_per_kv_head), blocks_per_kv_head
 
 
+def _configured(kernel, grid, block: int, stream):
+    """``kernel[grid, block, stream]`` without numba's warning that a grid of fewer than 128 blocks
+    under-uses the GPU: small grids are this design's at small batches (a block per sequence, KV head
+    group and context chunk: a batch-1 decode of a short context is a few blocks)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Grid size .* low occupancy")
+        return kernel[grid, block, stream]
+
+
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped)."""
     if key.shape[0] == 0:
         return
     launch = LaunchContext(key, value, k_cache, v_cache, slot_mapping)
     arrays = [device_array(a) for a in (key, value, k_cache, v_cache, slot_mapping)]
-    _write_kv_kernel[key.shape[0], TILE, launch.stream](*arrays)
+    _configured(_write_kv_kernel, key.shape[0], TILE, launch.stream)(*arrays)
 
 
 def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_lens, scale: float) -> None:
@@ -352,10 +362,11 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     partial_stats = launch.empty((batch, num_heads, num_splits, 2))
     arrays = [device_array(a) for a in (query, k_cache, v_cache, block_tables, context_lens)]
     grid = (batch, k_cache.shape[2] * blocks_per_kv_head, num_splits)
-    _decode_split_kernel[grid, TILE, launch.stream](
+    _configured(_decode_split_kernel, grid, TILE, launch.stream)(
         partial_acc, partial_stats, *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head
     )
-    _merge_splits_kernel[(batch, num_heads), min(TILE, head_size), launch.stream](device_array(out), partial_acc, partial_stats, arrays[-1])
+    merge = _configured(_merge_splits_kernel, (batch, num_heads), min(TILE, head_size), launch.stream)
+    merge(device_array(out), partial_acc, partial_stats, arrays[-1])
 
 
 def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float) -> None:
@@ -368,4 +379,4 @@ def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_st
     launch = LaunchContext(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)
     arrays = [device_array(a) for a in (out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)]
     grid = (num_tokens, k_cache.shape[2] * blocks_per_kv_head)
-    _prefill_kernel[grid, TILE, launch.stream](*arrays, np.float32(scale), heads_per_block, blocks_per_kv_head)
+    _configured(_prefill_kernel, grid, TILE, launch.stream)(*arrays, np.float32(scale), heads_per_block, blocks_per_kv_head)

@@ -39,6 +39,20 @@ def test_the_simulator_is_running_the_kernels() -> None:
     assert "simulator" in type(cuda.gpus).__module__
 
 
+def test_launches_do_not_warn_of_small_grids() -> None:
+    """On a GPU numba warns when a grid has fewer than 128 blocks, as a batch-1 decode's has by design."""
+    import warnings
+
+    class Kernel:
+        def __getitem__(self, launch):
+            warnings.warn(f"Grid size {launch[0]} will likely result in GPU under-utilization due to low occupancy.")
+            return launch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels._configured(Kernel(), 3, 128, 0) == (3, 128, 0)
+
+
 def test_configure_refuses_launch_shapes_a_gpu_cannot_run() -> None:
     shape = (kernels.TILE, kernels.TOKENS_PER_SPLIT, kernels.MAX_GROUP)
     with pytest.raises(ValueError, match="up to 1024"):
