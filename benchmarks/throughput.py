@@ -187,7 +187,10 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
         "engine_ms_per_step": (step_seconds - execute_seconds[0]) / max(1, len(recorder.steps)) * 1e3,
         "steps": len(recorder.steps), "load_seconds": load_seconds,
         "weights_mb": weight_bytes(model) / 2**20, "bandwidth_gbs": memory_bandwidth_gbs(engine.executor.device),
-        "config": f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention.name}",
+        "config": (
+            f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention.name}, "
+            f"decode graphs {engine.executor.graphs.num_graphs if engine.executor.graphs else 'off'}"
+        ),
     }
 
 

@@ -1,5 +1,6 @@
 """Greedy tokens and prompt logprobs of the numba-cuda executor on a tiny model, in float32 (as the torch executor
-they are compared with), as JSON: on a GPU, or on the CUDA simulator with NUMBA_ENABLE_CUDASIM=1.
+they are compared with), and how many decode graphs it kept, as JSON: on a GPU, or on the CUDA simulator
+with NUMBA_ENABLE_CUDASIM=1.
 
 Arguments: the model folder, the prompts (JSON) and whether decode steps replay from graphs.
 """
@@ -20,4 +21,5 @@ engine = InferenceEngine(
     EngineConfig(model=model, tokenizer="simple", executor={"name": "numba-cuda", "dtype": "float32", "decode_graphs": decode_graphs}, block_size=4, max_num_blocks=64, max_model_len=128, max_total_tokens=6, max_batch_size=2)
 )
 records = engine.generate(prompts, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=1))
-print(json.dumps([[r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]] for r in records]))
+graphs = engine.executor.graphs  # None if they were off, or turned off after a capture failed
+print(json.dumps({"graphs": graphs.num_graphs if graphs else 0, "outputs": [[r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]] for r in records]}))

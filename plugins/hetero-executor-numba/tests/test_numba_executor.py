@@ -48,7 +48,8 @@ def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: boo
     result = subprocess.run([sys.executable, str(SCRIPT), *arguments], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
-    for (tokens, logprobs), (expected_tokens, expected_logprobs) in zip(got, torch_outputs(tiny_model), strict=True):
+    assert (got["graphs"] > 0) == decode_graphs  # a failed capture would have turned them off
+    for (tokens, logprobs), (expected_tokens, expected_logprobs) in zip(got["outputs"], torch_outputs(tiny_model), strict=True):
         assert tokens == expected_tokens
         assert logprobs == pytest.approx(expected_logprobs, abs=1e-4)
 
