@@ -21,6 +21,7 @@ from .conftest import tiny_engine
 PROMPTS = ["The first prompt", "a second, longer prompt that spans several blocks", "x", "The first prompt again", "yy" * 30]
 GREEDY = GenerationParams(temperature=0.0, max_tokens=30, ignore_eos=True)
 SEEDED = GenerationParams(temperature=0.9, top_p=0.9, max_tokens=30, ignore_eos=True, seed=7, n=2)
+DEVICE = {"torch": "auto", "numba": "cpu"}  # the numba backend is the CPU kernel; torch's runs on CUDA where there is one
 
 
 def test_buckets() -> None:
@@ -35,9 +36,6 @@ def test_buckets() -> None:
 
 def generated(engine, params: GenerationParams) -> list[list[list[int]]]:
     return [[o.token_ids for o in r.outputs] for r in engine.generate(PROMPTS, params)]
-
-
-DEVICE = {"torch": "auto", "numba": "cpu"}  # the numba backend is the CPU kernel; torch's runs on CUDA where there is one
 
 
 @pytest.fixture(scope="module")
