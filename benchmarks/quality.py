@@ -42,6 +42,7 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.executor import resolve_device
 from hetero_core.step_layout import layout
 
 CHATS = [
@@ -136,8 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--new-tokens", type=int, default=200)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS[device]), help=f"comma-separated, from {', '.join(CONFIGS)}")
+    device = resolve_device("auto")  # where the executors below run
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS[device.type]), help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from {', '.join(PATHS)}")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
