@@ -179,7 +179,7 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
     num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
     group, per_part = num_heads // num_kv_heads, num_kv_heads // parts
     items, heads = qkv.shape[0] * parts, per_part * group
-    partial = np.empty((items, spans, heads, head_size), dtype=np.float32)
+    partial = np.empty((items if spans > 1 else 0, spans, heads, head_size), dtype=np.float32)
     peaks, sums = np.empty((items, spans, heads), dtype=np.float32), np.empty((items, spans, heads), dtype=np.float32)
     for work in prange(items * spans):
         item, span = work // spans, work % spans
@@ -194,10 +194,15 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
         for h in range(heads):
             _rotate(q[h], row, (first_kv_head * group + h) * head_size, c, s, out)
         start, stop = length * span // spans, length * (span + 1) // spans
-        partial[item, span], peaks[item, span], sums[item, span] = attend_span(
-            q, scale, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
-        )
-    for item in range(items):  # merging is little work: serially, without a second parallel region
+        acc, peaks[item, span], sums[item, span] = attend_span(q, scale, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table)
+        if spans == 1:  # nothing to merge: normalised and written here, in parallel
+            for h in range(heads):
+                head, total = out[b, first_kv_head * group + h], sums[item, span, h]
+                for d in range(head_size):
+                    _put(head, d, acc[h, d] / total)
+        else:
+            partial[item, span] = acc
+    for item in range(items if spans > 1 else 0):  # merging is little work: serially, without a second parallel region
         b, first_head = interleaved(item // parts, qkv.shape[0]), (item % parts) * heads
         for h in range(heads):
             peak = np.float32(-np.inf)
