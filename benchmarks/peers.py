@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import torch
+from hetero_executor_torch.executor import resolve_device
 
 from workload import Request
 
@@ -19,7 +20,7 @@ PAD = 2
 
 def load_transformers(path, dtype: torch.dtype):
     """Dense weights in ``dtype`` (transformers 5 would otherwise keep a GGUF's blocks packed and compute in float32),
-    on the GPU where torch sees one (as the engine's executor would be)."""
+    on the engine's own ``auto`` device (the GPU where torch sees one)."""
     import transformers
 
     if path.is_file():
@@ -27,7 +28,7 @@ def load_transformers(path, dtype: torch.dtype):
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype, quantization_config=dense)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    return model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    return model.to(resolve_device("auto")).eval()
 
 
 def timed_generate(model, requests: list[Request]) -> list[float]:
