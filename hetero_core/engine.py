@@ -11,7 +11,11 @@ that calls :meth:`step` while one is running gets an ``EngineError``.
 No request harms another: a request whose sequence the executor cannot
 handle, whose ``on_output`` callback raises, or whose component output is
 malformed fails alone, with an error naming the cause; observer hooks that
-raise are logged with their plugin's name and change nothing.
+raise are logged with their plugin's name and change nothing. A callback
+that raises ``SystemExit`` or ``KeyboardInterrupt`` ends its request the
+same way; the step finishes, so no state is left half-updated, and then
+re-raises it once; the requests that finished in that step are returned by
+the next one.
 """
 
 from __future__ import annotations
@@ -95,6 +99,8 @@ class InferenceEngine:
         self.grammars = Grammars(config, registry, self.tokenizer)
         self.batches = BatchBuilder(config.block_size, self.num_blocks, self.plugin_names["cache_allocator"], self.grammars)
         self._broken_callbacks: list[Request] = []
+        self._interrupt: BaseException | None = None  # a callback's SystemExit or KeyboardInterrupt, re-raised after its step
+        self._undelivered: list[CompletedRequest] = []  # finished in a step that re-raised it
         self._step_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -217,7 +223,7 @@ class InferenceEngine:
     # ------------------------------------------------------------------ stepping
 
     def has_pending_work(self) -> bool:
-        return self.inbox.has_pending() or self.scheduler.has_unfinished()
+        return self.inbox.has_pending() or self.scheduler.has_unfinished() or bool(self._undelivered)
 
     def step(self) -> list[CompletedRequest]:
         """Run one scheduling step and return the requests that finished in it."""
@@ -229,7 +235,12 @@ class InferenceEngine:
         try:
             if self._closed:
                 raise SchedulerError("the engine is closed")
-            return self._step()
+            completed, self._undelivered = [*self._undelivered, *self._step()], []
+            interrupt, self._interrupt = self._interrupt, None
+            if interrupt is not None:
+                self._undelivered = completed
+                raise interrupt
+            return completed
         finally:
             self._step_lock.release()
 
@@ -312,11 +323,13 @@ class InferenceEngine:
         delta = self.outputs.delta(seq, num_new_tokens, num_new_logprobs)
         try:
             request.on_output(delta)
-        except Exception as exc:  # the caller's callback: its request ends, the others go on
+        except BaseException as exc:  # the caller's callback: its request ends, the others go on
             log.error("on_output callback failed", request_id=request.request_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: raised once this step is done
+                self._interrupt = self._interrupt or exc
             request.on_output = None
             if not request.is_finished:
-                request.error = f"the on_output callback raised {type(exc).__name__}: {exc}"
+                request.error = f"the on_output callback raised {type(exc).__name__}" + (f": {exc}" if str(exc) else "")
                 self._broken_callbacks.append(request)
 
     def _end_broken_callbacks(self, finished: list[Request]) -> None:

@@ -68,6 +68,25 @@ def test_a_raising_callback_ends_only_its_request(make_engine) -> None:
     assert engine.run()[0].finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.parametrize(("interrupt", "error"), [(SystemExit(3), "SystemExit: 3"), (KeyboardInterrupt(), "KeyboardInterrupt")])
+def test_a_callback_raising_an_interrupt_ends_its_request_and_raises_once(make_engine, interrupt, error: str) -> None:
+    engine = make_engine()
+
+    def interrupt_the_caller(delta) -> None:
+        raise interrupt
+
+    alone = engine.generate(["steady"], GREEDY)[0]
+    bad = engine.submit_request("boom", GREEDY, on_output=interrupt_the_caller)
+    good = engine.submit_request("steady", GREEDY)
+    with pytest.raises(type(interrupt)):
+        engine.run()
+    records = {r.request_id: r for r in engine.run()}
+    assert records[bad].finish_reason is FinishReason.ERROR
+    assert records[bad].error == f"the on_output callback raised {error}"
+    assert records[good].generated_tokens == alone.generated_tokens
+    assert engine.get_memory_stats().used_blocks == 0 and not engine.has_pending_work()
+
+
 def test_a_callback_raising_on_the_last_delta_keeps_the_result(make_engine) -> None:
     engine = make_engine()
 
