@@ -65,6 +65,9 @@ class StructuredOutput:
     """One request's constraint on its output text. Build it with the named constructors.
 
     Constraints are values: two equal constraints share one compiled grammar.
+    A schema's text keeps its properties in the order given (they are
+    generated in that order), so schemas that differ only in that order are
+    different constraints.
     Whether a schema, regex or grammar is valid is the backend's to say, when
     it compiles it (a :class:`~hetero_core.errors.ValidationError`).
     """
@@ -84,7 +87,7 @@ class StructuredOutput:
             raise ValidationError(
                 f"a JSON schema must be an object, got {type(schema).__name__}", param="structured_output"
             )
-        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls(ConstraintKind.JSON_SCHEMA, json.dumps(schema, separators=(",", ":")))
 
     @classmethod
     def json_object(cls) -> StructuredOutput:

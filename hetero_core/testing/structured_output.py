@@ -124,6 +124,14 @@ class StructuredOutputBackendContract:
             value = json.loads(walker.text(walker.walk(self.matcher(backend, StructuredOutput.json_schema(FINITE_SCHEMA)), rng)))
             assert set(value) == {"ok", "digit"} and isinstance(value["ok"], bool) and value["digit"] in range(10)
 
+    def test_json_schema_walks_keep_the_order_of_the_properties(self, backend: StructuredOutputBackend, walker: Walker) -> None:
+        reordered = {**FINITE_SCHEMA, "properties": dict(reversed(FINITE_SCHEMA["properties"].items()))}
+        rng = random.Random(6)
+        for schema, order in ((FINITE_SCHEMA, ["ok", "digit"]), (reordered, ["digit", "ok"])):
+            for _ in range(5):
+                text = walker.text(walker.walk(self.matcher(backend, StructuredOutput.json_schema(schema)), rng))
+                assert list(json.loads(text)) == order, text
+
     def test_json_object_walks_parse_as_objects(self, backend: StructuredOutputBackend, walker: Walker) -> None:
         rng = random.Random(3)
         for _ in range(10):

@@ -32,6 +32,28 @@ def test_parse_with_a_pydantic_model(client) -> None:
     assert isinstance(city, City) and completion.choices[0].finish_reason == "stop"
 
 
+def test_json_keys_come_in_the_order_of_the_schema(client) -> None:
+    answer = {
+        "type": "object",
+        "properties": {"value": {"type": "integer", "maximum": 1000}, "unit": {"enum": ["km", "miles"]}},
+        "required": ["value", "unit"],
+        "additionalProperties": False,
+    }
+    schema = {
+        "type": "object",
+        "properties": {"reasoning": {"type": "string", "maxLength": 60}, "answer": answer},
+        "required": ["reasoning", "answer"],
+        "additionalProperties": False,
+    }
+    question = [{"role": "user", "content": "How far is Paris from Lyon? Think, then answer."}]
+    completion = client.chat.completions.create(
+        model="smollm2", messages=question, max_tokens=120, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "distance", "schema": schema}},
+    )
+    value = json.loads(completion.choices[0].message.content)
+    assert list(value) == ["reasoning", "answer"] and list(value["answer"]) == ["value", "unit"]
+
+
 def test_json_object_streams_one_object(client) -> None:
     stream = client.chat.completions.create(
         model="smollm2", messages=CITY, response_format={"type": "json_object"}, max_tokens=120, temperature=0, stream=True
