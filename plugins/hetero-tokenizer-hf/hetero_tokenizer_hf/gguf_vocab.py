@@ -16,6 +16,7 @@ import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from hetero_core.errors import ConfigError
+from hetero_core.gguf_header import read_gguf_header
 from hetero_core.model_source import parse
 from hetero_tokenizer_hf.spec import TokenizerSpec, install_bos_eos
 
@@ -56,18 +57,17 @@ def gpt2_byte_alphabet() -> dict[int, str]:
 
 
 class GGUFMetadata:
-    """The ``tokenizer.*`` keys of a GGUF file (the reader maps tensors lazily and never reads them)."""
+    """The ``tokenizer.*`` keys of a GGUF file (only its header is read)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self._reader = parse(gguf.GGUFReader, path)
+            self._header = parse(read_gguf_header, path)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"cannot read GGUF file {str(path)!r}: {exc}", param="tokenizer") from exc
 
     def get(self, key: str, default: Any = None) -> Any:
-        field = self._reader.fields.get(key)
-        return default if field is None else field.contents()
+        return self._header.get(key, default)
 
     def require(self, key: str) -> Any:
         value = self.get(key)
