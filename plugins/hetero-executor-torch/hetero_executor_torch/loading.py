@@ -20,9 +20,10 @@ from typing import Iterator
 import gguf
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from hetero_core.errors import ConfigError
+from hetero_core.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 from hetero_core.model_source import parse
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
 from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, SplitQuantized, Weight
@@ -98,6 +99,7 @@ def q8_groups(data: np.ndarray) -> SplitQuantized:
 
 
 Q4_TYPES = {gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
+_TYPE_NUMBERS = {kind.value for kind in gguf.GGMLQuantizationType}
 
 
 def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
@@ -117,12 +119,20 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _field(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFHeader, key: str, default=None):
+    return reader.get(key, default)
 
 
-def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
+def tensor_data(info: TensorInfo, data: np.ndarray) -> np.ndarray:
+    """A tensor's bytes within the file's memory map ``data``, as rows: ``[rows, bytes per row]``
+    (a row being the innermost dimension, as ``gguf.quants.dequantize`` takes it)."""
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(info.ggml_type)]
+    row_bytes = info.shape[0] // block * size
+    rows = int(np.prod(info.shape[1:], dtype=np.int64))
+    return data[info.offset : info.offset + rows * row_bytes].reshape(rows, row_bytes)
+
+
+def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ConfigError(
@@ -154,26 +164,29 @@ def gguf_config(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
 def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
     """The model's config and an iterator of (Hugging Face name, float32 tensor or, with
     ``keep_quantized``, a Q4_0 / Q4_1 weight's :class:`GroupQuantized`, a Q8_0 weight's :class:`SplitQuantized`)."""
-    reader = parse(gguf.GGUFReader, path)
+    reader = parse(read_gguf_header, path)
     config = gguf_config(reader, path)
     arch = _field(reader, "general.architecture")
+    data = np.memmap(path, mode="r")
 
     def tensors() -> Iterator[tuple[str, Weight]]:
         for tensor in reader.tensors:
             name = _hf_name(tensor.name)
             if name is None:
                 continue
-            if tensor.tensor_type not in GGUF_TYPES:
+            kind = gguf.GGMLQuantizationType(tensor.ggml_type) if tensor.ggml_type in _TYPE_NUMBERS else None
+            if kind not in GGUF_TYPES:
                 raise ConfigError(
-                    f"{path.name}: tensor {tensor.name} has unsupported type {tensor.tensor_type.name}", param="model"
+                    f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}", param="model"
                 )
+            raw = tensor_data(tensor, data)
             weight: Weight
-            if keep_quantized and tensor.tensor_type in Q4_TYPES:
-                weight = q4_groups(tensor.data, tensor.tensor_type)
-            elif keep_quantized and tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0:
-                weight = q8_groups(tensor.data)
+            if keep_quantized and kind in Q4_TYPES:
+                weight = q4_groups(raw, kind)
+            elif keep_quantized and kind == gguf.GGMLQuantizationType.Q8_0:
+                weight = q8_groups(raw)
             else:
-                dense = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+                dense = gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False).reshape(tuple(reversed(tensor.shape)))
                 weight = torch.from_numpy(np.require(dense, requirements=["C", "W"]))
             if arch == "llama" and ("q_proj" in name or "k_proj" in name):
                 weight = unpermute_weight(weight, config.num_heads if "q_proj" in name else config.num_kv_heads)
@@ -183,7 +196,8 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, It
 
 
 def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
-    """A Hugging Face folder: config.json plus model.safetensors (or shards listed in an index)."""
+    """A Hugging Face folder: config.json plus model.safetensors (or shards listed in an index), each
+    tensor in the dtype the file stores it in."""
     generation = folder / "generation_config.json"
     config = ModelConfig.from_hf(
         json.loads((folder / "config.json").read_text()),
@@ -199,9 +213,10 @@ def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch
         raise ConfigError(f"{folder}: no model.safetensors (or index) found", param="model")
 
     def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for file in files:
-            for name, tensor in load_file(str(folder / file)).items():
-                yield name, tensor.float()
+        for file in files:  # one tensor at a time, in the file's dtype (no float32 copy of the model)
+            with safe_open(str(folder / file), framework="pt") as weights:
+                for name in weights.keys():
+                    yield name, weights.get_tensor(name)
 
     return config, tensors()
 
