@@ -5,7 +5,8 @@ exceptions from tool calling: an assistant message that carries
 ``tool_calls`` (``[{"id", "type": "function", "function": {"name",
 "arguments"}}]``, the arguments an object or its JSON text) may have no
 content, and a ``tool`` message answers one call and names it with
-``tool_call_id``.
+``tool_call_id``. A message may carry a ``name`` (the participant's), which
+templates may show.
 """
 
 from __future__ import annotations

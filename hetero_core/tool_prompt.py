@@ -53,7 +53,7 @@ def tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 def inline_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
-    """``messages`` (and ``tools``, if any) as plain ``role``/``content`` messages in the default convention."""
+    """``messages`` (and ``tools``, if any) as plain ``role``/``content`` messages (with any ``name``) in the default convention."""
     plain: list[dict[str, Any]] = []
     for message in messages:
         role, content = message["role"], message.get("content")
@@ -67,7 +67,7 @@ def inline_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[
         if message.get("tool_calls"):
             calls = [tool_call_block(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
             content = "\n".join([content, *calls] if content else calls)
-        plain.append({"role": role, "content": content})
+        plain.append({"role": role, "content": content, **({"name": message["name"]} if message.get("name") is not None else {})})
     for message in plain:
         message.pop("is_tool_response", None)
     if tools:

@@ -25,6 +25,12 @@ from hetero_core.server.tools import Tool, ToolFields, ToolPlan
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the server
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is OpenAI's newer name for system
 TokenIds = list[int]
+UNHONOURED_MESSAGE_FIELDS = {  # accepted only null or empty: why a value is refused
+    "refusal": "a refusal cannot be sent back: give its text as content",
+    "annotations": "annotations are not supported: send null or []",
+    "audio": "audio is not supported: this model reads text only",
+    "function_call": "function_call is deprecated and not supported: send tool_calls",
+}
 
 
 def _prompt_forms(value: Any, handler: Any, _info: ValidationInfo) -> Any:
@@ -151,12 +157,25 @@ class AssistantToolCall(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """One message; ``name`` reaches the chat template, which may show it.
+
+    ``refusal``, ``annotations``, ``audio`` and ``function_call`` are what
+    OpenAI's SDKs write when a response message is sent back as it came
+    (``message.model_dump()``): null or empty they mean nothing and are
+    accepted; a value the server cannot honour is a 400 naming the field.
+    """
+
     model_config = STRICT
 
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: Text | list[TextPart] | None = None
+    name: Text | None = None
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: Text | None = None
+    refusal: Text | None = None
+    annotations: list[Any] | None = None
+    audio: Any = None
+    function_call: Any = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -167,9 +186,16 @@ class ChatMessage(BaseModel):
                 raise ValueError(f"{kind} content parts are not supported: this model reads text only")
         return content
 
+    @field_validator("refusal", "annotations", "audio", "function_call")
+    @classmethod
+    def _only_empty(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:
+            raise ValueError(UNHONOURED_MESSAGE_FIELDS[info.field_name])
+        return value
+
     @model_validator(mode="after")
     def _tool_fields(self) -> ChatMessage:
-        if self.tool_calls is not None and self.role != "assistant":
+        if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
         if (self.tool_call_id is None) != (self.role != "tool"):
             raise ValueError("a tool message, and only a tool message, needs tool_call_id")
@@ -181,6 +207,8 @@ class ChatMessage(BaseModel):
         """The message as the chat template takes it (``developer`` is rendered as ``system``)."""
         content = self.content if isinstance(self.content, str) or self.content is None else "".join(p.text for p in self.content)
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
         if self.tool_calls:  # templates read the arguments as an object, as transformers passes them
             message["tool_calls"] = [
                 {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _object_or_text(c.function.arguments)}}

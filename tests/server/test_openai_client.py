@@ -82,3 +82,13 @@ def test_errors_surface_as_client_exceptions(client) -> None:
         client.completions.create(model="gpt-4", prompt="x")
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.completions.create(model="smollm2", prompt="word " * 1100, max_tokens=10)
+
+
+def test_a_response_message_goes_back_as_the_sdk_dumps_it(client) -> None:
+    first = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=20, temperature=0)
+    answer = first.choices[0].message.model_dump()
+    assert answer["refusal"] is None and "audio" in answer and "function_call" in answer  # what the SDK adds
+    named = [{"role": "system", "content": "You are a geography teacher.", "name": "teacher"}, {**CHAT[0], "name": "alice"}]
+    follow_up = {"role": "user", "content": "And what is the capital of Italy?", "name": "alice"}
+    second = client.chat.completions.create(model="smollm2", messages=[*named, answer, follow_up], max_tokens=20, temperature=0)
+    assert second.choices[0].finish_reason == "stop" and second.choices[0].message.content

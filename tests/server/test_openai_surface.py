@@ -10,6 +10,9 @@ import openai
 import pydantic
 import pytest
 
+from hetero_core.server.schemas import ChatCompletionRequest
+from hetero_core.tool_prompt import inline_tools
+
 pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
 
 CITY = [{"role": "user", "content": "Describe Paris as JSON: its name, its country and whether it is a capital."}]
@@ -143,3 +146,24 @@ def test_an_image_part_is_a_clear_400(mock_server) -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}], "max_tokens": 2}
     response = httpx.post(f"{mock_server.url}/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 400 and "image_url content parts are not supported" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("refusal", "I cannot help."), ("annotations", [{"type": "url_citation"}]), ("audio", {"id": "a1"}), ("function_call", {"name": "f"})],
+)
+def test_a_message_field_the_server_cannot_honour_is_a_400_naming_it(mock_server, field, value) -> None:
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", field: value}, {"role": "user", "content": "z"}]
+    response = httpx.post(f"{mock_server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"].startswith(f"messages.1.{field}: ")
+
+
+def test_empty_sdk_fields_are_taken_and_a_name_reaches_the_template(mock_server) -> None:
+    empty = {"refusal": None, "annotations": [], "audio": None, "function_call": None, "tool_calls": []}
+    messages = [{"role": "user", "content": "x", "name": "alice", **empty}, {"role": "assistant", "content": "y", **empty}]
+    body = {"messages": [*messages, {"role": "user", "content": "z"}], "max_tokens": 2}
+    assert httpx.post(f"{mock_server.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+    request = ChatCompletionRequest.model_validate(body)
+    assert request.messages[0].to_template() == {"role": "user", "content": "x", "name": "alice"}
+    assert inline_tools([request.messages[0].to_template()], [{"type": "function", "function": {"name": "f"}}])[1]["name"] == "alice"

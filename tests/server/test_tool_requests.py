@@ -66,7 +66,7 @@ REFUSED = [
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x", "tool_call_id": "call_1"}]}, "messages"),
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "code", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
     ({"chat_template_kwargs": ["not", "an", "object"]}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
