@@ -63,15 +63,19 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     return packed, _factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32))
 
 
-def pack8(q: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """8-bit weights ``scale * q`` (``q`` ``[out, in]`` int8, ``in`` a multiple of 64; ``scale``
-    ``[out, in // 32]``, GGUF's Q8_0) for :func:`matmul8`: the bytes as they are, and factors laid out
-    as :func:`pack` lays them, with ``-128 * scale`` as the minimums (see :func:`matmul8`)."""
+def pack8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """8-bit weights ``scale * q + offset`` (``q`` ``[out, in]`` int8, ``in`` a multiple of 64; ``scale``
+    and ``offset`` ``[out, in // 32]``, the offset zero where None, as in GGUF's Q8_0) for
+    :func:`matmul8`: the bytes as they are, and factors laid out as :func:`pack` lays them, with
+    ``offset - 128 * scale`` as the minimums (see :func:`matmul8`)."""
     rows, size = q.shape
     if size % PAIR:
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
     scale = np.asarray(scale, np.float32)
-    return np.ascontiguousarray(q, np.int8), _factors(scale, np.float32(-128.0) * scale)
+    minimum = np.float32(-128.0) * scale
+    if offset is not None:
+        minimum = minimum + np.asarray(offset, np.float32)
+    return np.ascontiguousarray(q, np.int8), _factors(scale, minimum)
 
 
 def _factors(scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:

@@ -1,11 +1,10 @@
 """Load weights into Hugging Face Llama naming, from a GGUF file or a Hugging Face folder.
 
-GGUF tensors are dequantized with the ``gguf`` package, except Q4_0 / Q4_1
-and Q8_0 weights when the caller keeps them quantized: those arrive as
-:class:`~hetero_executor_torch.quantized.GroupQuantized` (the file's 4-bit
-values, scales and minimums, unchanged) and
-:class:`~hetero_executor_torch.quantized.SplitQuantized` (the 8-bit values
-as two 4-bit halves, exact). llama.cpp's
+GGUF tensors whose type has an exact group form
+(:mod:`~hetero_executor_torch.gguf_blocks`: Q4_0, Q4_1, Q4_K as 4-bit
+groups, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, Q3_K as 8-bit ones) arrive in it
+when the caller keeps weights quantized; the rest are dequantized with the
+``gguf`` package (Q2_K and Q6_K with a warning naming the type). llama.cpp's
 converter permutes the rows of the q and k projections so that RoPE rotates
 adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
 (rotate-half RoPE, as Hugging Face computes it) serves both sources.
@@ -19,29 +18,23 @@ from typing import Iterator
 
 import gguf
 import numpy as np
+import structlog
 import torch
 from safetensors import safe_open
 
 from hetero_core.errors import ConfigError
 from hetero_core.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 from hetero_core.model_source import parse
+from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
-from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, SplitQuantized, Weight
+from hetero_executor_torch.quantized import GroupQuantized, SplitQuantized, Weight
 
-GGUF_TYPES = {
-    gguf.GGMLQuantizationType.F32,
-    gguf.GGMLQuantizationType.F16,
-    gguf.GGMLQuantizationType.BF16,
-    gguf.GGMLQuantizationType.Q8_0,
-    gguf.GGMLQuantizationType.Q4_0,
-    gguf.GGMLQuantizationType.Q4_1,
-    gguf.GGMLQuantizationType.Q5_0,
-    gguf.GGMLQuantizationType.Q5_1,
-    gguf.GGMLQuantizationType.Q6_K,
-    gguf.GGMLQuantizationType.Q4_K,
-    gguf.GGMLQuantizationType.Q5_K,
-    gguf.GGMLQuantizationType.Q8_K,
-}
+log = structlog.get_logger()
+
+T = gguf.GGMLQuantizationType
+PACKED_TYPES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K}  # see gguf_blocks
+DENSE_ONLY_TYPES = {T.Q2_K, T.Q6_K, T.Q8_K}  # quantized, but loaded dense (with a warning)
+GGUF_TYPES = PACKED_TYPES | DENSE_ONLY_TYPES | {T.F32, T.F16, T.BF16}
 
 GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -67,38 +60,6 @@ def unpermute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
-    """The f16 stored at byte ``offset`` of every block (rows of raw bytes), as float32."""
-    return blocks[:, offset : offset + 2].copy().view(np.float16).astype(np.float32)
-
-
-def q4_groups(data: np.ndarray, kind: gguf.GGMLQuantizationType) -> GroupQuantized:
-    """A Q4_0 / Q4_1 tensor's raw blocks ([rows, bytes per row]) as 4-bit values, scales and minimums.
-
-    A block holds an f16 scale d (Q4_1: then an f16 minimum m) and 16 bytes
-    whose low nibbles are weights 0..15 and high nibbles 16..31:
-    w = d * q + m (Q4_0: w = d * (q - 8)).
-    """
-    header = 4 if kind == gguf.GGMLQuantizationType.Q4_1 else 2
-    rows = data.shape[0]
-    blocks = data.reshape(-1, header + GROUP_SIZE // 2)
-    scale = _f16_field(blocks, 0)
-    minimum = _f16_field(blocks, 2) if header == 4 else -8 * scale
-    nibbles = blocks[:, header:]
-    q = np.concatenate([nibbles & 15, nibbles >> 4], axis=1).reshape(rows, -1)
-    return GroupQuantized(torch.from_numpy(q), torch.from_numpy(scale.reshape(rows, -1)), torch.from_numpy(minimum.reshape(rows, -1)))
-
-
-def q8_groups(data: np.ndarray) -> SplitQuantized:
-    """A Q8_0 tensor's raw blocks ([rows, bytes per row]): an f16 scale d, then 32 int8 values q; w = d * q."""
-    rows = data.shape[0]
-    blocks = data.reshape(-1, 2 + GROUP_SIZE)
-    scale = _f16_field(blocks, 0).reshape(rows, -1)
-    q = blocks[:, 2:].copy().view(np.int8).reshape(rows, -1)
-    return SplitQuantized.from_q8(torch.from_numpy(q), torch.from_numpy(scale))
-
-
-Q4_TYPES = {gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1}
 _TYPE_NUMBERS = {kind.value for kind in gguf.GGMLQuantizationType}
 
 
@@ -163,7 +124,7 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
 
 def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
     """The model's config and an iterator of (Hugging Face name, float32 tensor or, with
-    ``keep_quantized``, a Q4_0 / Q4_1 weight's :class:`GroupQuantized`, a Q8_0 weight's :class:`SplitQuantized`)."""
+    ``keep_quantized``, a weight's exact group form where its type has one)."""
     reader = parse(read_gguf_header, path)
     config = gguf_config(reader, path)
     arch = _field(reader, "general.architecture")
@@ -180,18 +141,19 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, It
                     f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}", param="model"
                 )
             raw = tensor_data(tensor, data)
-            weight: Weight
-            if keep_quantized and kind in Q4_TYPES:
-                weight = q4_groups(raw, kind)
-            elif keep_quantized and kind == gguf.GGMLQuantizationType.Q8_0:
-                weight = q8_groups(raw)
-            else:
+            weight: Weight | None = group_form(raw, kind) if keep_quantized and len(tensor.shape) == 2 else None
+            if weight is None:
+                if keep_quantized and kind in DENSE_ONLY_TYPES:
+                    dense_only[kind.name] = dense_only.get(kind.name, 0) + raw.nbytes
                 dense = gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False).reshape(tuple(reversed(tensor.shape)))
                 weight = torch.from_numpy(np.require(dense, requirements=["C", "W"]))
             if arch == "llama" and ("q_proj" in name or "k_proj" in name):
                 weight = unpermute_weight(weight, config.num_heads if "q_proj" in name else config.num_kv_heads)
             yield name, weight
+        for kind_name, size in dense_only.items():
+            log.warning("weights dequantized to dense: no packed kernel for this type", model=path.name, type=kind_name, file_mib=round(size / 2**20, 1))
 
+    dense_only: dict[str, int] = {}
     return config, tensors()
 
 

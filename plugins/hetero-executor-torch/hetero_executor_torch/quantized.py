@@ -85,13 +85,13 @@ class GroupQuantized:
 
 @attrs.frozen
 class SplitQuantized:
-    """8-bit group-quantized weights ``scale * q`` (``q`` in -128..127, one scale per group of 32) held
-    exactly as the sum of two :class:`GroupQuantized` parts: ``q = 16 * high + low``, ``high`` the
-    signed high nibble (-8..7), ``low`` the low nibble (0..15).
+    """8-bit group-quantized weights ``scale * q + offset`` (``q`` in -128..127, one scale and one offset
+    per group of 32) held exactly as the sum of two :class:`GroupQuantized` parts: ``q = 16 * high +
+    low``, ``high`` the signed high nibble (-8..7), ``low`` the low nibble (0..15).
 
     The parts are offset so that each kernel's partial sum stays centred:
-    ``high`` weighs ``16 * scale * high + 8 * scale`` and ``low``
-    ``scale * (low - 8)``; the offsets cancel.
+    ``high`` weighs ``16 * scale * high + 8 * scale + offset`` and ``low``
+    ``scale * (low - 8)``; the centring offsets cancel.
     """
 
     high: GroupQuantized
@@ -104,12 +104,25 @@ class SplitQuantized:
     def dequantize(self) -> torch.Tensor:
         return self.high.dequantize() + self.low.dequantize()
 
+    @property
+    def scale(self) -> torch.Tensor:
+        return self.low.scale
+
+    @property
+    def offset(self) -> torch.Tensor:
+        return self.high.minimum + self.low.minimum + 128 * self.low.scale
+
+    def bytes(self) -> torch.Tensor:
+        """``q``, int8 [out, in]."""
+        return (16 * (self.high.q.to(torch.int16) - 8) + self.low.q).to(torch.int8)
+
     @classmethod
-    def from_q8(cls, q: torch.Tensor, scale: torch.Tensor) -> SplitQuantized:
-        """``q`` [out, in] int8, ``scale`` [out, in // GROUP_SIZE] float32."""
+    def from_q8(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None) -> SplitQuantized:
+        """``q`` [out, in] int8, ``scale`` and ``offset`` (zero if None) [out, in // GROUP_SIZE] float32."""
         high = ((q >> 4) + 8).to(torch.uint8)  # arithmetic shift: the signed high nibble, then 0..15
         low = (q & 15).to(torch.uint8)
-        return cls(GroupQuantized(high, 16 * scale, -120 * scale), GroupQuantized(low, scale, -8 * scale))
+        centre = -120 * scale if offset is None else offset - 120 * scale
+        return cls(GroupQuantized(high, 16 * scale, centre), GroupQuantized(low, scale, -8 * scale))
 
     @classmethod
     def cat(cls, parts: list[SplitQuantized]) -> SplitQuantized:
@@ -266,14 +279,13 @@ class SplitInt4Weights(Int4Weights):
 
 
 class VnniInt8Weights(KernelInt4Weights):
-    """:class:`SplitQuantized` weights whole again, ``scale * q`` with ``q`` in -128..127 (GGUF's Q8_0),
+    """:class:`SplitQuantized` weights whole again, ``scale * q + offset`` with ``q`` in -128..127,
     for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per weight byte, half the work of
     the two int4 halves. For float32 or bfloat16 activations and inputs a multiple of 64."""
 
     def __init__(self, weight: SplitQuantized, kernel: Any) -> None:
-        q = (16 * (weight.high.q.to(torch.int16) - 8) + weight.low.q).to(torch.int8)
         self.multiply, self.out_features = kernel.matmul8, weight.shape[0]
-        self.packed, self.factors = kernel.pack8(q.numpy(), weight.low.scale.float().numpy())
+        self.packed, self.factors = kernel.pack8(weight.bytes().numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
 
 
 class Int8Weights:

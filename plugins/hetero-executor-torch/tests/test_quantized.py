@@ -16,7 +16,8 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.loading import q4_groups, q8_groups, unpermute, unpermute_weight
+from hetero_executor_torch.gguf_blocks import group_form
+from hetero_executor_torch.loading import unpermute, unpermute_weight
 from hetero_executor_torch.quantized import (
     PACKED_MAX_ROWS,
     SPLIT_MAX_ROWS,
@@ -66,7 +67,7 @@ def uses_vnni(linear: PackedLinear) -> bool:
 def test_q4_blocks_read_back_exactly_what_gguf_dequantizes(kind) -> None:
     weights = np.random.default_rng(0).normal(size=(6, 96)).astype(np.float32)
     raw = gguf.quants.quantize(weights, kind)
-    groups = q4_groups(raw, kind)
+    groups = group_form(raw, kind)
     np.testing.assert_array_equal(groups.dequantize().numpy(), gguf.quants.dequantize(raw, kind))
     assert int(groups.q.max()) <= 15
 
@@ -75,7 +76,7 @@ def test_q8_0_blocks_split_into_two_4_bit_halves_exactly() -> None:
     weights = np.random.default_rng(0).normal(size=(6, 96)).astype(np.float32)
     weights[0, :32] = np.linspace(-1, 1, 32)  # a group using the whole range, -127..127
     raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0)
-    split = q8_groups(raw)
+    split = group_form(raw, gguf.GGMLQuantizationType.Q8_0)
     np.testing.assert_array_equal(split.dequantize().numpy(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0))
     for half in (split.high, split.low):
         assert int(half.q.max()) <= 15
@@ -84,7 +85,7 @@ def test_q8_0_blocks_split_into_two_4_bit_halves_exactly() -> None:
 @pytest.mark.parametrize("kind", [gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0], ids=lambda k: k.name)
 def test_unpermuting_a_quantized_weight_moves_its_rows_like_the_dense_one(kind) -> None:
     raw = gguf.quants.quantize(np.random.default_rng(1).normal(size=(24, 64)).astype(np.float32), kind)
-    held = q8_groups(raw) if kind == gguf.GGMLQuantizationType.Q8_0 else q4_groups(raw, kind)
+    held = group_form(raw, kind)
     expected = unpermute(held.dequantize().numpy(), 3)
     np.testing.assert_array_equal(unpermute_weight(held, 3).dequantize().numpy(), expected)
 
@@ -147,7 +148,7 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     tensor = smollm2_tensors[name]
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
-    linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
+    linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
     assert uses_vnni(linear) == kernel_here("cpu_int4")
     for rows in (1, VNNI_MAX_ROWS, linear.max_rows):  # the VNNI kernel's rows where it runs, then torch's kernel's
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(2))
@@ -163,7 +164,7 @@ def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -
     multiply bfloat16-rounded weights, which this bound does not hold.)"""
     tensor = smollm2_tensors["blk.3.ffn_up.weight"]
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
-    linear = make_linear(q4_groups(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
+    linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
     assert isinstance(linear.packed, TiledInt4Weights) == kernel_here("cpu_int4_tiles")
     for rows in sorted({VNNI_MAX_ROWS + 1, (VNNI_MAX_ROWS + 1 + linear.max_rows) // 2, linear.max_rows}):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
@@ -181,11 +182,11 @@ def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows
     tensor = smollm2_tensors["token_embd.weight"]
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
-    linear = make_linear(q8_groups(tensor.data), None, "auto", torch.float32, CPU)
+    linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
     assert isinstance(linear, PackedLinear) and isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights))
     assert uses_vnni(linear) == kernel_here("cpu_int4")
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
-    halves = q8_groups(tensor.data)
+    halves = group_form(tensor.data, tensor.tensor_type)
     magnitudes = halves.high.dequantize().abs() + halves.low.dequantize().abs()  # at least the weight's, each half quantized alike
     assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes, 32639 if uses_vnni(linear) else 32767), 1e-5)
     torch.testing.assert_close(linear.embed(torch.tensor([0, 7, 49151])), dense[[0, 7, 49151]])

@@ -1,0 +1,149 @@
+"""GGUF's quantized blocks read as groups of 32 weights, exactly, for the packed kernels.
+
+Every type here stores, per group of 32 consecutive inputs of a row, whole
+numbers and at most two float factors that a group shares, so it maps
+without rounding onto one of the two forms the packed linear layers run:
+
+- 4-bit (:class:`~hetero_executor_torch.quantized.GroupQuantized`,
+  ``w = scale * q + minimum``, ``q`` 0..15): Q4_0, Q4_1, and Q4_K, whose
+  256-weight super-block holds eight groups of 32 with 6-bit scale and
+  minimum codes (``scale = d * sc``, ``minimum = -dmin * m``);
+- 8-bit (:class:`~hetero_executor_torch.quantized.SplitQuantized`,
+  ``w = scale * q + offset``, ``q`` -128..127): Q8_0; Q5_0 (``q - 16``),
+  Q5_1 and Q5_K (``q`` 0..31 and an offset); IQ4_NL (``q`` from its
+  16-entry table); Q3_K, whose two 16-weight halves of a group have their
+  own 6-bit scales: ``(sc - 32) * q3`` lies in -124..128, stored as that
+  less one with ``offset = d``.
+
+Q6_K and Q2_K give each half of a group its own scale (and Q2_K its own
+minimum), which neither form holds: they, and any other type, return None
+here and load dense.
+
+Layouts, bytes per block (``gguf.quants`` is the reference for each):
+
+==========  =====  ===============================================================
+type        bytes  fields in order
+==========  =====  ===============================================================
+Q4_0        18     f16 d; 16 bytes: low nibble input j, high nibble j + 16
+Q4_1        20     f16 d, f16 m; nibbles as Q4_0
+Q5_0        22     f16 d; u32 fifth bits (bit j: input j); nibbles as Q4_0
+Q5_1        24     f16 d, f16 m; u32 fifth bits; nibbles
+Q8_0        34     f16 d; 32 int8
+IQ4_NL      18     f16 d; nibbles as Q4_0, indices into the table
+Q4_K        144    f16 d, f16 dmin; 12 bytes of 6-bit codes; 128 bytes: chunk c of
+                   32 bytes holds group 2c in its low and 2c + 1 in its high nibbles
+Q5_K        176    as Q4_K, with 32 bytes of fifth bits (bit g of byte l: input l
+                   of group g) before the nibbles
+Q3_K        110    32 bytes of high bits (bit k of byte l: input 32k + l); 64 bytes
+                   of 2-bit values (chunk c of 32 bytes, shift 2s: input 128c +
+                   32s + l); 12 bytes of 6-bit codes; f16 d
+==========  =====  ===============================================================
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+
+from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, SplitQuantized
+
+T = gguf.GGMLQuantizationType
+IQ4_NL_VALUES = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
+
+
+def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The f16 at byte ``offset`` of every block (rows of raw bytes), as float32 ``[blocks, 1]``."""
+    return blocks[:, offset : offset + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """16 bytes per group: low nibbles are inputs 0..15, high nibbles 16..31."""
+    return np.concatenate([packed & 15, packed >> 4], axis=-1)
+
+
+def _fifth_bits(words: np.ndarray) -> np.ndarray:
+    """A u32 per group (4 bytes) as each input's fifth bit, 0 or 16."""
+    bits = words.copy().view("<u4")
+    return (((bits >> np.arange(32, dtype=np.uint32)) & 1) << 4).astype(np.uint8)
+
+
+def _k_nibbles(packed: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K's 128 bytes as eight groups of 32: chunk c's low nibbles, then its high ones."""
+    chunks = packed.reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (chunks & 15).reshape(-1, 8, 32)
+
+
+def group_form(data: np.ndarray, kind: T) -> GroupQuantized | SplitQuantized | None:
+    """A tensor's raw blocks (``[rows, bytes per row]``) in its exact group form, or None where it has none."""
+    rows = data.shape[0]
+    four = _four_bit(data, kind)
+    if four is not None:
+        q, scale, minimum = four
+        return GroupQuantized(*(torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1)) for a in (q, scale, minimum)))
+    eight = eight_bit(data, kind)
+    if eight is not None:
+        q, scale, offset = (torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1)) for a in eight)
+        return SplitQuantized.from_q8(q, scale, offset)
+    return None
+
+
+def _four_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(q, scale, minimum)``, ``q`` 0..15 per input, the factors per group of 32."""
+    if kind in (T.Q4_0, T.Q4_1):
+        header = 4 if kind == T.Q4_1 else 2
+        blocks = data.reshape(-1, header + GROUP_SIZE // 2)
+        scale = _f16(blocks, 0)
+        minimum = _f16(blocks, 2) if kind == T.Q4_1 else -8 * scale
+        return _nibbles(blocks[:, header:]), scale, minimum
+    if kind == T.Q4_K:
+        blocks = data.reshape(-1, 144)
+        codes, mins = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
+        return _k_nibbles(blocks[:, 16:]), _f16(blocks, 0) * codes, -_f16(blocks, 2) * mins
+    return None
+
+
+def eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(q, scale, offset)``: ``q`` int8 per input, ``w = scale * q + offset`` with the factors per group
+    of 32 (``[groups, 1]``, or ``[blocks, 8]`` for the 256-weight types); None for other types."""
+    if kind == T.Q8_0:
+        blocks = data.reshape(-1, 34)
+        scale = _f16(blocks, 0)
+        return blocks[:, 2:].copy().view(np.int8), scale, np.zeros_like(scale)
+    if kind in (T.Q5_0, T.Q5_1):
+        header = 6 if kind == T.Q5_0 else 8
+        blocks = data.reshape(-1, header + GROUP_SIZE // 2)
+        q = (_nibbles(blocks[:, header:]) | _fifth_bits(blocks[:, header - 4 : header])).astype(np.int8)
+        scale = _f16(blocks, 0)
+        if kind == T.Q5_0:
+            return q - np.int8(16), scale, np.zeros_like(scale)
+        return q, scale, _f16(blocks, 2)
+    if kind == T.IQ4_NL:
+        blocks = data.reshape(-1, 18)
+        scale = _f16(blocks, 0)
+        return IQ4_NL_VALUES[_nibbles(blocks[:, 2:])], scale, np.zeros_like(scale)
+    if kind == T.Q5_K:
+        blocks = data.reshape(-1, 176)
+        codes, mins = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
+        fifth = ((blocks[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4
+        q = (_k_nibbles(blocks[:, 48:]) | fifth).astype(np.int8)
+        return q, _f16(blocks, 0) * codes, -_f16(blocks, 2) * mins
+    if kind == T.Q3_K:
+        blocks = data.reshape(-1, 110)
+        low = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
+        high = (blocks[:, None, :32] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+        q3 = low.reshape(-1, 256).astype(np.int16) - 4 * (1 - high.reshape(-1, 256).astype(np.int16))
+        scales = _q3_k_scales(blocks[:, 96:108])  # [blocks, 16], -32..31
+        value = np.repeat(scales, 16, axis=1) * q3  # -124..128
+        d = _f16(blocks, 108)
+        scale = np.repeat(d, 8, axis=1)
+        return (value - 1).astype(np.int8), scale, scale.copy()
+    return None
+
+
+def _q3_k_scales(codes: np.ndarray) -> np.ndarray:
+    """Q3_K's twelve bytes of codes as sixteen 6-bit scales less 32: the low four bits of scale i from
+    byte i % 8 (shifted by 4 for i >= 8), the high two from byte 8 + i % 4, shifted by 2 * (i // 4)."""
+    low = (codes[:, None, :8] >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(-1, 16) & 15
+    high = (codes[:, None, 8:12] >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(-1, 16) & 3
+    return (low | (high << 4)).astype(np.int16) - 32

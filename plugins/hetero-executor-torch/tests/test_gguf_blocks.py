@@ -1,0 +1,79 @@
+"""Every GGUF type with a group form reads back exactly what ``gguf`` dequantizes, and runs packed as it dequantizes."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from hetero_executor_torch.gguf_blocks import eight_bit, group_form
+from hetero_executor_torch.loading import DENSE_ONLY_TYPES, PACKED_TYPES
+from hetero_executor_torch.quantized import GroupQuantized, PackedLinear, SplitInt4Weights, SplitQuantized, make_linear
+
+from .test_quantized import activation_steps, assert_within
+
+T = gguf.GGMLQuantizationType
+CPU = torch.device("cpu")
+F16_FIELDS = {  # byte offsets of each block's f16 factors
+    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.IQ4_NL: (0,),
+    T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82), T.Q6_K: (208,),
+}
+
+
+def random_blocks(kind: T, rows: int, inputs: int, seed: int) -> np.ndarray:
+    """Random valid blocks ``[rows, bytes per row]``: any bytes, but finite f16 factors of ordinary size."""
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * inputs // block, size), dtype=np.uint8)
+    for offset in F16_FIELDS[kind]:
+        factors = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
+        blocks[:, offset : offset + 2] = factors.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def reference(raw: np.ndarray, kind: T) -> np.ndarray:
+    return gguf.quants.dequantize(raw, kind).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", sorted(PACKED_TYPES), ids=lambda k: k.name)
+def test_each_packed_type_reads_back_exactly_what_gguf_dequantizes(kind: T) -> None:
+    raw = random_blocks(kind, rows=4, inputs=512, seed=int(kind))
+    expected = reference(raw, kind)
+    eight = eight_bit(raw, kind)
+    if eight is not None:  # the 8-bit values and factors are exact
+        q, scale, offset = (np.ascontiguousarray(a).reshape(4, -1) for a in eight)
+        groups = lambda a: np.repeat(a, 32, axis=1)  # noqa: E731
+        np.testing.assert_array_equal(q.astype(np.float32) * groups(scale) + groups(offset), expected)
+    form = group_form(raw, kind)
+    assert isinstance(form, SplitQuantized if eight is not None else GroupQuantized)
+    # the 4-bit form computes as gguf does; the 8-bit one sums its two halves, rounding once more
+    np.testing.assert_allclose(form.dequantize().numpy(), expected, rtol=1e-6, atol=1e-6 * float(np.abs(expected).max()))
+
+
+@pytest.mark.parametrize("kind", sorted(DENSE_ONLY_TYPES - {T.Q8_K}), ids=lambda k: k.name)
+def test_types_with_no_group_form_have_none(kind: T) -> None:
+    assert group_form(random_blocks(kind, 2, 256, 0), kind) is None
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 9])
+@pytest.mark.parametrize("kind", sorted(PACKED_TYPES), ids=lambda k: k.name)
+def test_each_packed_type_runs_as_it_dequantizes(kind: T, rows: int) -> None:
+    """float32 activations: whichever kernel this CPU runs reproduces the dequantized float32 matmul
+    (up to the VNNI kernels' 16-bit activation steps)."""
+    raw = random_blocks(kind, rows=48, inputs=512, seed=int(kind) + 100)
+    dense = torch.from_numpy(reference(raw, kind))
+    linear = make_linear(group_form(raw, kind), None, "auto", torch.float32, CPU)
+    assert isinstance(linear, PackedLinear)
+    x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows))
+    assert_within(linear(x), x @ dense.T, activation_steps(x, dense, 32639), 1e-5)
+
+
+@pytest.mark.parametrize("kind", sorted(k for k in PACKED_TYPES if eight_bit(random_blocks(k, 1, 256, 0), k) is not None), ids=lambda k: k.name)
+def test_each_8_bit_type_runs_on_torchs_int4_kernel_as_two_halves(kind: T) -> None:
+    """The path of CPUs without AVX-512 VNNI: torch's packed int4 kernel on the two 4-bit halves."""
+    raw = random_blocks(kind, rows=48, inputs=512, seed=int(kind) + 200)
+    dense = torch.from_numpy(reference(raw, kind))
+    x = torch.randn(1, dense.shape[1], generator=torch.Generator().manual_seed(0))
+    halves = SplitInt4Weights(group_form(raw, kind), torch.float32)
+    torch.testing.assert_close(halves.matmul(x), x @ dense.T, rtol=1e-4, atol=1e-4 * float(dense.abs().max()))
