@@ -33,11 +33,14 @@ def api_key(server: ServerConfig) -> str | None:
 
 
 class APIKeyCheck:
-    """Pure ASGI middleware: 401 unless ``Authorization: Bearer <key>``, for every path but the open ones."""
+    """Pure ASGI middleware: 401 unless ``Authorization: Bearer <key>``, for every path but the open ones.
+
+    The scheme is matched whatever its case (``bearer``, ``BEARER``), as HTTP has it; the key exactly.
+    """
 
     def __init__(self, app: Any, key: str, *, protect_metrics_and_docs: bool) -> None:
         self.app = app
-        self.expected = f"Bearer {key}".encode()
+        self.expected = key.encode()
         self.open_paths = ALWAYS_OPEN if protect_metrics_and_docs else ALWAYS_OPEN | METRICS_AND_DOCS
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -45,7 +48,8 @@ class APIKeyCheck:
             await self.app(scope, receive, send)
             return
         given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        scheme, _, credentials = given.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.lstrip(b" "), self.expected):
             await self.app(scope, receive, send)
             return
         body = json.dumps(error_body(401, "missing or invalid API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"))

@@ -113,10 +113,10 @@ class ConstraintFields(BaseModel):
         return sources[0][1]() if sources else None
 
     def token_bias(self) -> dict[int, float]:
-        """``logit_bias`` with its keys (token ids as JSON strings, as OpenAI sends them) as ints."""
+        """``logit_bias`` with its keys (token ids as JSON strings of ASCII digits, as OpenAI sends them) as ints."""
         bias = {}
         for key, value in (self.logit_bias or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # int() would also read "１２" as 12
                 raise APIError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
             bias[int(key)] = value
         return bias

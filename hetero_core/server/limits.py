@@ -1,7 +1,9 @@
 """Read each request body whole before the app sees it: 413 past ``server.max_body_bytes``, 408 past ``server.read_timeout``.
 
 A declared Content-Length over the limit is refused at once; a chunked body
-is counted as it arrives. Every endpoint parses its body whole anyway, so
+is counted as it arrives. A request that declares both a Content-Length and
+a Transfer-Encoding is a 400: its body could be read two ways (the way
+requests are smuggled past a proxy). Every endpoint parses its body whole anyway, so
 reading it here costs nothing and keeps a slow or endless upload from
 holding a handler.
 """
@@ -27,7 +29,11 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        if b"content-length" in headers and b"transfer-encoding" in headers:
+            await _refuse(send, 400, "a request may not declare both Content-Length and Transfer-Encoding")
+            return
+        declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await _refuse(send, 413, f"request body larger than {self.max_bytes} bytes")
             return

@@ -77,6 +77,8 @@ def add_token_routes(app: FastAPI, service: Service) -> None:
         tokenizer = _tokenizer(service.ready_backend(body.model))
         if body.messages is None and body.prompt is None:
             raise APIError(400, "give 'prompt' or 'messages'", param="prompt")
+        if body.messages is not None and body.prompt is not None:
+            raise APIError(400, "give 'prompt' or 'messages', not both", param="messages")
         tokens = await asyncio.to_thread(_encode, tokenizer, body)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": service.backend.max_model_len}
 

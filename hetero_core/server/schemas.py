@@ -86,7 +86,7 @@ class SamplingFields(ConstraintFields):
             "max_tokens": max_tokens,
             "temperature": 1.0 if self.temperature is None else self.temperature,
             "top_p": 1.0 if self.top_p is None else self.top_p,
-            "top_k": self.top_k if self.top_k not in (None, 0, -1) else None,
+            "top_k": self.top_k if self.top_k not in (None, 0, -1) else None,  # -1 and 0: no limit, as in vLLM
             "min_p": self.min_p or 0.0,
             "n": self.n,
             "stop": self.stop or (),

@@ -25,6 +25,10 @@ def test_api_key(keyed_server) -> None:
     assert httpx.get(f"{url}/v1/models").status_code == 401
     assert httpx.get(f"{url}/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(f"{url}/v1/models", headers=KEY).status_code == 200
+    for scheme in ("bearer", "BEARER", "bEaReR"):  # the scheme's case does not matter in HTTP; the key's does
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": f"{scheme} sekret"}).status_code == 200, scheme
+    for wrong in ("Bearer SEKRET", "Basic sekret", "Bearersekret", "sekret"):
+        assert httpx.get(f"{url}/v1/models", headers={"authorization": wrong}).status_code == 401, wrong
     with pytest.raises(openai.AuthenticationError, match="invalid API key"):
         openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
     assert openai.OpenAI(base_url=f"{url}/v1", api_key="sekret", max_retries=0).models.list().data

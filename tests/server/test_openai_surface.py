@@ -10,7 +10,7 @@ import openai
 import pydantic
 import pytest
 
-from hetero_core.server.schemas import ChatCompletionRequest
+from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
 from hetero_core.tool_prompt import inline_tools
 
 pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
@@ -109,6 +109,9 @@ REFUSED = [
     ("/v1/completions", {"logit_bias": {"the": 1}}, "logit_bias"),
     ("/v1/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
     ("/v1/completions", {"logit_bias": {"99999": 1}}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"\uff11\uff12": 1}}, "logit_bias"),  # full-width digits: not token id 12
+    ("/v1/completions", {"logit_bias": {"\u00b2": 1}}, "logit_bias"),
+    ("/v1/completions", {"top_k": -2}, "top_k"),
 ]
 
 
@@ -167,3 +170,10 @@ def test_empty_sdk_fields_are_taken_and_a_name_reaches_the_template(mock_server)
     request = ChatCompletionRequest.model_validate(body)
     assert request.messages[0].to_template() == {"role": "user", "content": "x", "name": "alice"}
     assert inline_tools([request.messages[0].to_template()], [{"type": "function", "function": {"name": "f"}}])[1]["name"] == "alice"
+
+
+def test_top_k_of_minus_1_or_0_means_no_limit(mock_server) -> None:
+    for top_k in (-1, 0):  # vLLM's spellings of "every token"
+        body = {"prompt": "x", "max_tokens": 2, "top_k": top_k}
+        assert httpx.post(f"{mock_server.url}/v1/completions", json=body, timeout=30).status_code == 200
+        assert CompletionRequest.model_validate(body).params(2, None).top_k is None

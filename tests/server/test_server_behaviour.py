@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -163,3 +164,22 @@ def test_tokenize_round_trip(mock_server) -> None:
     assert tokens["count"] == 6
     text = httpx.post(f"{mock_server.url}/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"]
     assert text == "héllo"
+
+
+def test_tokenize_takes_a_prompt_or_messages_not_both(mock_server) -> None:
+    both = {"prompt": "x", "messages": [{"role": "user", "content": "y"}]}
+    response = httpx.post(f"{mock_server.url}/tokenize", json=both)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+
+
+def test_a_body_declared_by_both_content_length_and_transfer_encoding_is_refused(mock_server) -> None:
+    body = b'{"prompt": "x", "max_tokens": 2}'
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", int(mock_server.url.rsplit(":", 1)[1])), timeout=10) as connection:
+        connection.sendall(head.encode() + chunked)
+        status_line = connection.makefile("rb").readline()
+    assert status_line.split()[1] == b"400", status_line
