@@ -12,11 +12,18 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import attrs
 from tqdm import tqdm
 
 from hetero_core.engine import InferenceEngine
 from hetero_core.errors import CacheMemoryError, ValidationError
 from hetero_core.params import GenerationParams
+
+PROMPT_KEYS = ("prompt", "messages")
+# what a prompt file's line may set, by the API's names; not what its output line has no place for (logprobs, more samples)
+LINE_PARAMS = tuple(
+    name for name in attrs.fields_dict(GenerationParams) if name not in ("structured_output", "n", "logprobs", "prompt_logprobs")
+)
 
 
 def one_shot(
@@ -94,39 +101,64 @@ def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO | Non
         history.append({"role": "assistant", "content": answer})
 
 
-def _read_prompts(path: Path) -> list[dict[str, Any]]:
-    """One prompt per line: a JSON object with "prompt" or "messages", or else the line's text."""
+def read_prompts(path: Path, params: GenerationParams) -> list[tuple[dict[str, Any], GenerationParams]]:
+    """Each line's prompt (``{"prompt": ...}`` or ``{"messages": ...}``) and parameters, ``params`` where the line sets none.
+
+    A line is a JSON object with "prompt" or "messages" and any of :data:`LINE_PARAMS`,
+    or else the line's text. An unknown key or a bad value is a ``ValidationError``
+    naming the line.
+    """
     items = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        if line.lstrip().startswith("{"):
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValidationError(f"{path}:{number}: invalid JSON: {exc.msg}") from exc
-            if not isinstance(item, dict) or not ("prompt" in item or "messages" in item):
-                raise ValidationError(f"{path}:{number}: expected an object with 'prompt' or 'messages'")
-            items.append(item)
-        else:
-            items.append({"prompt": line})
+        if not line.lstrip().startswith("{"):
+            items.append(({"prompt": line}, params))
+            continue
+        where = f"{path}:{number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"{where}: invalid JSON: {exc.msg}") from exc
+        if not isinstance(item, dict) or ("prompt" in item) == ("messages" in item):
+            raise ValidationError(f"{where}: expected an object with 'prompt' or 'messages' (one of them)")
+        given = {key: value for key, value in item.items() if key not in PROMPT_KEYS}
+        items.append(({key: item[key] for key in PROMPT_KEYS if key in item}, _line_params(given, params, where)))
     return items
 
 
+def _line_params(given: dict[str, Any], params: GenerationParams, where: str) -> GenerationParams:
+    """``params`` with a line's own values over them, read as the API reads them."""
+    unknown = [key for key in given if key not in LINE_PARAMS]
+    if unknown:
+        raise ValidationError(
+            f"{where}: unknown key {unknown[0]!r}; a line takes 'prompt' or 'messages' and {', '.join(LINE_PARAMS)}", param=unknown[0]
+        )
+    top_k = given.get("top_k")
+    if top_k in (-1, 0) and not isinstance(top_k, bool):  # no limit, as in the API
+        given["top_k"] = None
+    if isinstance(given.get("logit_bias"), dict):  # JSON keys are text: token ids in ASCII digits, as in the API
+        given["logit_bias"] = {int(k) if k.isascii() and k.isdigit() else k: v for k, v in given["logit_bias"].items()}
+    try:
+        return attrs.evolve(params, **given)
+    except ValidationError as exc:
+        raise ValidationError(f"{where}: {exc.message}", param=exc.param) from exc
+
+
 def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, params: GenerationParams) -> int:
-    """Run every prompt through continuous batching, writing one JSON line per result in input order.
+    """Run every prompt (with its line's parameters over ``params``) through continuous batching, one JSON line per result in input order.
 
     A failed prompt's line has its ``error``; the status is 1 when any failed.
     """
-    items = _read_prompts(input_file)
+    items = read_prompts(input_file, params)
     ids = []
     rejected: dict[str, str] = {}  # a prompt the engine refuses is reported in its line; the others run
-    for number, item in enumerate(items, start=1):
+    for number, (item, item_params) in enumerate(items, start=1):
         try:
             if "messages" in item:
-                ids.append(engine.submit_chat(item["messages"], params))
+                ids.append(engine.submit_chat(item["messages"], item_params))
             else:
-                ids.append(engine.submit_request(item["prompt"], params))
+                ids.append(engine.submit_request(item["prompt"], item_params))
         except (ValidationError, CacheMemoryError) as exc:
             ids.append(f"rejected-{number}")
             rejected[ids[-1]] = exc.message
@@ -153,7 +185,7 @@ def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, p
                 **({"error": records[i].error} if records[i].error else {}),
             }
         )
-        for item, i in zip(items, ids)
+        for (item, _), i in zip(items, ids)
     ]
     text = "\n".join(lines) + "\n"
     if output_file is None:

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", help="a prompt to answer (streamed to stdout)")
     parser.add_argument("--chat", action="store_true", help="interactive chat using the model's chat template")
     parser.add_argument("--raw", action="store_true", help="send --input as plain text, not as a chat message")
-    parser.add_argument("--input-file", type=Path, help="prompts: text lines, or JSONL with 'prompt' or 'messages'")
+    parser.add_argument("--input-file", type=Path, help="prompts: text lines, or JSONL with 'prompt' or 'messages' and any parameters of their own (max_tokens, ...)")
     parser.add_argument("--output-file", type=Path, help="where --input-file results go (JSONL; default stdout)")
     parser.add_argument("--serve", action="store_true", help="same as the 'serve' command")
     parser.add_argument("--host", help="server address (default 127.0.0.1)")

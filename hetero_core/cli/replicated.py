@@ -2,7 +2,8 @@
 
 The replicas are the serving backend ``data_parallel_backend`` names (``ray``
 from ``hetero-serve-ray``), driven through :class:`BackendClient`; the
-output has the same lines, in the same order, as a run on one engine.
+output has the same lines, in the same order, as a run on one engine. Lines
+that share their parameters are sent together, one such group after another.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from hetero_core.cli.generate import _read_prompts
+from hetero_core.cli.generate import read_prompts
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
 from hetero_core.server.backend import create_backend
@@ -24,12 +25,16 @@ from hetero_core.server.generation import Choice
 
 def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path | None, params: GenerationParams) -> None:
     """Generate for every prompt of ``input_file`` over the replicas, with one progress bar; one JSON line per prompt."""
-    items = _read_prompts(input_file)
+    items = read_prompts(input_file, params)
+    groups: dict[GenerationParams, list[int]] = {}  # line indexes by their parameters
+    for index, (_, item_params) in enumerate(items):
+        groups.setdefault(item_params, []).append(index)
     client = BackendClient(create_backend(config))
     num_tokens = 0
     started = time.monotonic()
+    firsts: dict[int, Choice] = {}  # each line's first choice
     try:
-        with tqdm(total=len(items) * params.n, unit="req", file=sys.stderr) as progress:
+        with tqdm(total=sum(p.n for _, p in items), unit="req", file=sys.stderr) as progress:
 
             def finished(choice: Choice) -> None:
                 nonlocal num_tokens
@@ -37,12 +42,15 @@ def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path |
                 progress.update(1)
                 progress.set_postfix(tokens_per_s=f"{num_tokens / (time.monotonic() - started):.1f}")
 
-            choices = client.generate([item.get("messages", item.get("prompt")) for item in items], params, on_finished=finished)
+            for group_params, indexes in groups.items():
+                prompts = [items[i][0].get("messages", items[i][0].get("prompt")) for i in indexes]
+                choices = client.generate(prompts, group_params, on_finished=finished)
+                firsts.update(zip(indexes, choices[:: group_params.n]))
     finally:
         client.close()
     lines = []
-    for number, item in enumerate(items):
-        first = choices[number * params.n]
+    for index, (item, _) in enumerate(items):
+        first = firsts[index]
         record = {
             "input": item.get("prompt", item.get("messages")),
             "output": first.text,

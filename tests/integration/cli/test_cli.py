@@ -56,6 +56,39 @@ def test_batch_file_writes_jsonl_in_input_order(tmp_path) -> None:
     assert all(r["completion_tokens"] == 3 and r["finish_reason"] == "length" for r in rows)
 
 
+def test_each_line_of_a_batch_file_may_set_its_own_parameters(tmp_path) -> None:
+    from hetero_core.cli.replicated import replicated_batch
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        '{"prompt": "first", "max_tokens": 2}\n'
+        '{"messages": [{"role": "user", "content": "second"}], "max_tokens": 5, "top_k": -1, "stop": "no such text"}\n'
+        "third plain line\n"
+    )
+    out = tmp_path / "out.jsonl"
+    assert main(["--input-file", str(prompts), "--output-file", str(out), "--max-tokens", "3", *MOCK]) == 0
+    assert [json.loads(line)["completion_tokens"] for line in out.read_text().splitlines()] == [2, 5, 3]
+    args = build_parser().parse_args(["--max-tokens", "3", *MOCK])
+    replicated_batch(engine_config(args), prompts, out, generation_params(args))  # over a serving backend, as with replicas
+    assert [json.loads(line)["completion_tokens"] for line in out.read_text().splitlines()] == [2, 5, 3]
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        ('{"prompt": "x", "max_token": 2}', "unknown key 'max_token'"),
+        ('{"prompt": "x", "structured_output": "a+"}', "unknown key 'structured_output'"),
+        ('{"prompt": "x", "temperature": 5}', "temperature must be"),
+        ('{"prompt": "x", "messages": [{"role": "user", "content": "y"}]}', "expected an object with 'prompt' or 'messages' (one of them)"),
+    ],
+)
+def test_a_bad_line_of_a_batch_file_is_an_input_error_naming_it(tmp_path, capsys, line: str, error: str) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "fine"}\n' + line + "\n")
+    assert main(["--input-file", str(prompts), *MOCK]) == 2
+    assert f"{prompts}:2: {error}" in capsys.readouterr().err
+
+
 def test_chat_keeps_the_history(monkeypatch, capsys) -> None:
     import io
 
