@@ -100,6 +100,10 @@ class TorchExecutor:
         else dense; otherwise dense), ``dense`` (the compute dtype),
         ``int8`` (per-channel) or ``int4`` (groups of 32): weight-only
         quantization on the CPU, for any checkpoint.
+    :param dense_copy: also hold packed weights dense, in the model's dtype,
+        for steps of more rows than the packed kernels take (2 bytes a weight
+        in bf16 on top of the packed ones). Off by default: those steps widen
+        the packed weights a tile at a time instead.
     :param decode_graphs: replay decode-only steps from captured graphs
         (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
@@ -116,6 +120,7 @@ class TorchExecutor:
         attention: str | AttentionBackend = "auto",
         decode_graphs: bool | str = "auto",
         weights: str = "auto",
+        dense_copy: bool = False,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -130,10 +135,10 @@ class TorchExecutor:
         self.kv_cache_dtype = self.attention.configure(self.device, self.kv_cache_dtype)
         self.weight_format = resolve_weight_format(weights, self.device, self.dtype)
         path = resolve_model_path(config.model)
-        model_config, tensors = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
+        model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
             fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype)
-            self.model = LlamaModel(model_config, tensors, self.dtype, self.device, self.attention.attend, self.weight_format, fused)
+            self.model = LlamaModel(model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, fused, dense_copy)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)
@@ -141,7 +146,10 @@ class TorchExecutor:
         self.block_size = 0
         self.engine_config = config
         self.graphs: DecodeGraphs | None = None
-        log.info("model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device), weights=self.weight_format, attention=self.attention.name)
+        log.info(
+            "model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device),
+            weights=self.weight_format, dense_copy=dense_copy, attention=self.attention.name,
+        )
 
     def _uses_graphs(self, decode_graphs: bool | str) -> bool:
         if self.attention.supports_graphs:

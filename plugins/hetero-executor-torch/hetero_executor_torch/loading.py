@@ -12,9 +12,10 @@ adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable
 
 import gguf
 import numpy as np
@@ -84,13 +85,21 @@ def _field(reader: GGUFHeader, key: str, default=None):
     return reader.get(key, default)
 
 
-def tensor_data(info: TensorInfo, data: np.ndarray) -> np.ndarray:
-    """A tensor's bytes within the file's memory map ``data``, as rows: ``[rows, bytes per row]``
-    (a row being the innermost dimension, as ``gguf.quants.dequantize`` takes it)."""
+def tensor_shape(info: TensorInfo) -> tuple[int, int]:
+    """A tensor's bytes as rows, ``(rows, bytes per row)``: a row is the innermost dimension, as
+    ``gguf.quants.dequantize`` takes it."""
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(info.ggml_type)]
-    row_bytes = info.shape[0] // block * size
-    rows = int(np.prod(info.shape[1:], dtype=np.int64))
-    return data[info.offset : info.offset + rows * row_bytes].reshape(rows, row_bytes)
+    return int(np.prod(info.shape[1:], dtype=np.int64)), info.shape[0] // block * size
+
+
+def tensor_data(info: TensorInfo, path: Path) -> np.ndarray:
+    """A tensor's bytes, read from the file once (``[rows, bytes per row]``): only the tensor being
+    decoded is in memory, where a memory map would keep every page it touched resident."""
+    rows, row_bytes = tensor_shape(info)
+    data = np.fromfile(path, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
+    if data.size != rows * row_bytes:
+        raise ConfigError(f"{path.name}: tensor {info.name} runs past the end of the file", param="model")
+    return data.reshape(rows, row_bytes)
 
 
 def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
@@ -122,44 +131,49 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
     )
 
 
-def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
-    """The model's config and an iterator of (Hugging Face name, float32 tensor or, with
-    ``keep_quantized``, a weight's exact group form where its type has one)."""
+Loaders = dict[str, Callable[[], Weight]]
+"""Each weight's Hugging Face name and how to read it: the model reads a layer's weights as it builds
+that layer, so no more than one layer's are decoded at a time."""
+
+
+def _read_gguf_tensor(tensor: TensorInfo, kind: gguf.GGMLQuantizationType, path: Path, keep_quantized: bool, heads: int) -> Weight:
+    """One tensor: its group form (``keep_quantized``, where it has one) or float32, with llama.cpp's
+    q/k row permutation undone over ``heads`` heads (0: none)."""
+    raw = tensor_data(tensor, path)
+    weight: Weight | None = group_form(raw, kind) if keep_quantized and len(tensor.shape) == 2 else None
+    if weight is None:
+        dense = gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False).reshape(tuple(reversed(tensor.shape)))
+        weight = torch.from_numpy(np.require(dense, requirements=["C", "W"]))
+    return unpermute_weight(weight, heads) if heads else weight
+
+
+def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Loaders]:
+    """The model's config and its weights' loaders, each giving a float32 tensor or, with
+    ``keep_quantized``, the weight's exact group form where its type has one."""
     reader = parse(read_gguf_header, path)
     config = gguf_config(reader, path)
-    arch = _field(reader, "general.architecture")
-    data = np.memmap(path, mode="r")
-
-    def tensors() -> Iterator[tuple[str, Weight]]:
-        for tensor in reader.tensors:
-            name = _hf_name(tensor.name)
-            if name is None:
-                continue
-            kind = gguf.GGMLQuantizationType(tensor.ggml_type) if tensor.ggml_type in _TYPE_NUMBERS else None
-            if kind not in GGUF_TYPES:
-                raise ConfigError(
-                    f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}", param="model"
-                )
-            raw = tensor_data(tensor, data)
-            weight: Weight | None = group_form(raw, kind) if keep_quantized and len(tensor.shape) == 2 else None
-            if weight is None:
-                if keep_quantized and kind in DENSE_ONLY_TYPES:
-                    dense_only[kind.name] = dense_only.get(kind.name, 0) + raw.nbytes
-                dense = gguf.quants.dequantize(raw, kind).astype(np.float32, copy=False).reshape(tuple(reversed(tensor.shape)))
-                weight = torch.from_numpy(np.require(dense, requirements=["C", "W"]))
-            if arch == "llama" and ("q_proj" in name or "k_proj" in name):
-                weight = unpermute_weight(weight, config.num_heads if "q_proj" in name else config.num_kv_heads)
-            yield name, weight
-        for kind_name, size in dense_only.items():
-            log.warning("weights dequantized to dense: no packed kernel for this type", model=path.name, type=kind_name, file_mib=round(size / 2**20, 1))
-
+    permuted = _field(reader, "general.architecture") == "llama"
+    loaders: Loaders = {}
     dense_only: dict[str, int] = {}
-    return config, tensors()
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        if name is None:
+            continue
+        kind = gguf.GGMLQuantizationType(tensor.ggml_type) if tensor.ggml_type in _TYPE_NUMBERS else None
+        if kind not in GGUF_TYPES:
+            raise ConfigError(f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}", param="model")
+        if keep_quantized and kind in DENSE_ONLY_TYPES:
+            dense_only[kind.name] = dense_only.get(kind.name, 0) + int(np.prod(tensor_shape(tensor)))
+        heads = (config.num_heads if "q_proj" in name else config.num_kv_heads if "k_proj" in name else 0) if permuted else 0
+        loaders[name] = functools.partial(_read_gguf_tensor, tensor, kind, path, keep_quantized, heads)
+    for kind_name, size in dense_only.items():
+        log.warning("weights dequantized to dense: no packed kernel for this type", model=path.name, type=kind_name, file_mib=round(size / 2**20, 1))
+    return config, loaders
 
 
-def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]]]:
+def load_hf_folder(folder: Path) -> tuple[ModelConfig, Loaders]:
     """A Hugging Face folder: config.json plus model.safetensors (or shards listed in an index), each
-    tensor in the dtype the file stores it in."""
+    tensor read from the memory-mapped file in the dtype the file stores it in."""
     generation = folder / "generation_config.json"
     config = ModelConfig.from_hf(
         json.loads((folder / "config.json").read_text()),
@@ -174,16 +188,14 @@ def load_hf_folder(folder: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch
     else:
         raise ConfigError(f"{folder}: no model.safetensors (or index) found", param="model")
 
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        for file in files:  # one tensor at a time, in the file's dtype (no float32 copy of the model)
-            with safe_open(str(folder / file), framework="pt") as weights:
-                for name in weights.keys():
-                    yield name, weights.get_tensor(name)
-
-    return config, tensors()
+    loaders: Loaders = {}
+    for file in files:
+        weights = safe_open(str(folder / file), framework="pt")  # open while a loader refers to it
+        loaders.update({name: functools.partial(weights.get_tensor, name) for name in weights.keys()})
+    return config, loaders
 
 
-def load_weights(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Iterator[tuple[str, Weight]]]:
+def load_weights(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Loaders]:
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(path, keep_quantized)
     if path.is_dir():

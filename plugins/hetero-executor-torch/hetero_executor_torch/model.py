@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
 from hetero_executor_torch.fused_layers import FusedLayers
+from hetero_executor_torch.loading import Loaders
 from hetero_executor_torch.model_config import ModelConfig
 from hetero_executor_torch.quantized import Linear, Weight, concat, make_linear
 
@@ -34,9 +35,9 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 class Layer:
     """One decoder layer's weights (q/k/v and gate/up fused for fewer, larger matmuls)."""
 
-    def __init__(self, weights: dict[str, Weight], prefix: str, config: ModelConfig, linear: Callable[[list[Weight], torch.Tensor | None], Linear]) -> None:
+    def __init__(self, weights: Loaders, prefix: str, config: ModelConfig, linear: Callable[[list[Weight], torch.Tensor | None], Linear]) -> None:
         def take(name: str) -> Weight:
-            return weights.pop(f"{prefix}.{name}")
+            return weights.pop(f"{prefix}.{name}")()
 
         self.input_norm = take("input_layernorm.weight")
         self.post_norm = take("post_attention_layernorm.weight")
@@ -57,30 +58,31 @@ class LlamaModel:
     def __init__(
         self,
         config: ModelConfig,
-        tensors: Iterator[tuple[str, Weight]],
+        weights: Loaders,
         dtype: torch.dtype,
         device: torch.device,
         attention: Callable[..., torch.Tensor] = paged_attention,
         weight_format: str = "dense",
         fused: bool = False,
+        dense_copy: bool = False,
     ) -> None:
         self.config = config
         self.attention = attention
         self.dtype = dtype
         self.device = device
-        weights = dict(tensors)
+        weights = dict(weights)  # taken as the layers are built
         # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
         # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
         table_format = "int8" if weight_format in ("int8", "int4") else weight_format
         self.weight_format = weight_format
 
         def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format, table: bool = False) -> Linear:
-            return make_linear(concat(parts), None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device, table)
+            return make_linear(concat(parts), None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device, table, dense_copy)
 
         try:
-            embed = weights.pop("model.embed_tokens.weight")
-            self.norm = weights.pop("model.norm.weight").to(device=device, dtype=torch.float32)
-            head = weights.pop("lm_head.weight", None)
+            embed = weights.pop("model.embed_tokens.weight")()
+            self.norm = weights.pop("model.norm.weight")().to(device=device, dtype=torch.float32)
+            head = weights.pop("lm_head.weight", lambda: None)()
             tied = config.tie_word_embeddings or head is None
             self.lm_head = linear([embed if tied else head], None, table_format, table=tied)
             self.embedding = self.lm_head if tied else linear([embed], None, table_format, table=True)

@@ -8,7 +8,7 @@ import attrs
 
 from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
-from hetero_core.validators import number_in, one_of, optional
+from hetero_core.validators import boolean, number_in, one_of, optional
 from hetero_executor_torch.attention_backend import AttentionBackend, available
 from hetero_executor_torch.executor import TorchExecutor
 from hetero_executor_torch.quantized import WEIGHT_FORMATS
@@ -43,6 +43,7 @@ class TorchExecutorOptions:
     attention: str | AttentionBackend = attrs.field(default="auto", validator=_attention)
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
     weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
+    dense_copy: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
 
 
 @hookimpl

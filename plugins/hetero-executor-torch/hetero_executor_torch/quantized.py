@@ -304,40 +304,104 @@ class Int8Weights:
         return torch._weight_int8pack_mm(x, self.weight, self.scale)
 
 
-class PackedLinear(DenseLinear):
-    """Packed weights for steps of at most ``max_rows`` tokens, the same weights dense above.
+class KernelRows:
+    """Rows of weights widened by ``hetero_kernels.cpu_unpack`` from a ``cpu_int4`` layout (``unpack``
+    is its ``unpack4`` or ``unpack8``), into a tensor of the model's dtype."""
+
+    def __init__(self, unpack: Any, packed: np.ndarray, factors: np.ndarray) -> None:
+        self.unpack, self.packed, self.factors = unpack, packed, factors
+
+    def __call__(self, indices: np.ndarray, out: torch.Tensor) -> None:
+        self.unpack(self.packed, self.factors, indices, kernel_array(out))
+
+
+class Int8Rows:
+    """Rows of :class:`Int8Weights` widened by torch."""
+
+    def __init__(self, weights: Int8Weights) -> None:
+        self.weights = weights
+
+    def __call__(self, indices: np.ndarray, out: torch.Tensor) -> None:
+        index = torch.from_numpy(indices)
+        out.copy_(self.weights.weight[index].float() * self.weights.scale.float()[index, None])
+
+
+Rows = KernelRows | Int8Rows
+TILE_WEIGHTS = 1 << 20  # weights widened at a time for a matmul of many rows: 2 MiB in bf16, about an L2
+
+
+class PackedLinear:
+    """Packed weights for steps of at most ``max_rows`` tokens; above, the same weights widened a tile of
+    outputs at a time (``rows``) into a buffer of the model's dtype, multiplied densely -- or, where
+    asked (``dense``, the executor's ``dense_copy``) or no widening is at hand, a dense copy.
 
     torch's packed kernels cost about linearly in the rows (they do not reuse a
     widened weight across rows), while the dense bf16 matmul costs nearly the
     same from 1 to 32 rows, so packed wins only for a few rows
-    (``benchmarks/linear.py``; the crossover measured on SmolLM2's shapes is
-    in ``benchmarks/README.md``). The tiled kernel does reuse them and serves
-    up to :data:`TILED_MAX_ROWS`. The dense copy holds the packed weights' own
-    values, so a model computes the same function at every batch size (up to
-    rounding: the VNNI kernel's 16-bit activation steps, torch's kernel's
-    bfloat16 scales, the dense copy's bfloat16 weights).
+    (``benchmarks/linear.py``). The tiled kernel does reuse them and serves
+    up to :data:`TILED_MAX_ROWS`. The widened weights are the packed weights'
+    own values, so a model computes the same function at every batch size (up
+    to rounding: the VNNI kernel's 16-bit activation steps, torch's kernel's
+    bfloat16 scales, the widened weights' bfloat16).
     """
 
     def __init__(
         self,
         packed: Int4Weights | TiledInt4Weights | SplitInt4Weights | VnniInt8Weights | Int8Weights,
-        dense: torch.Tensor,
+        shape: torch.Size,
+        dtype: torch.dtype,
         bias: torch.Tensor | None,
         max_rows: int = 0,
         table: bool = False,
         vnni: VnniInt4Weights | None = None,
+        rows: Rows | None = None,
+        dense: torch.Tensor | None = None,
     ) -> None:
-        super().__init__(dense, bias, table)
-        self.packed = packed
+        if rows is None and dense is None:
+            raise ValueError("packed weights need a widening (rows) or a dense copy for steps of many rows")
+        self.packed, self.bias, self.dtype = packed, bias, dtype
+        self.out_features, self.in_features = shape
         self.max_rows = max_rows or PACKED_MAX_ROWS
         self.vnni = vnni  # the same weights for steps of up to VNNI_MAX_ROWS rows, where the CPU has VNNI
+        self.rows = rows
+        self.dense_linear = None if dense is None else DenseLinear(dense, bias, table)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if rows > self.max_rows:
-            return super().__call__(x)
-        out = (self.vnni if self.vnni is not None and rows <= VNNI_MAX_ROWS else self.packed).matmul(x)
+        count = x.shape[0]
+        if count > self.max_rows:
+            return self.dense_linear(x) if self.dense_linear is not None else self._widened(x)
+        out = (self.vnni if self.vnni is not None and count <= VNNI_MAX_ROWS else self.packed).matmul(x)
         return out if self.bias is None else out + self.bias
+
+    def _widened(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T (+ bias)`` with ``W`` widened a tile of outputs at a time."""
+        tile = min(self.out_features, max(16, TILE_WEIGHTS // self.in_features // 16 * 16))
+        weights = torch.empty(tile, self.in_features, dtype=x.dtype)
+        if tile == self.out_features:
+            self.rows(np.arange(tile, dtype=np.int64), weights)
+            return F.linear(x, weights, self.bias)
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        for start in range(0, self.out_features, tile):
+            stop = min(start + tile, self.out_features)
+            part = weights[: stop - start]
+            self.rows(np.arange(start, stop, dtype=np.int64), part)
+            out[:, start:stop] = F.linear(x, part, None if self.bias is None else self.bias[start:stop])
+        return out
+
+    def dense(self) -> torch.Tensor:
+        """The weights as a plain tensor in the model's dtype."""
+        if self.dense_linear is not None:
+            return self.dense_linear.dense()
+        weights = torch.empty(self.out_features, self.in_features, dtype=self.dtype)
+        self.rows(np.arange(self.out_features, dtype=np.int64), weights)
+        return weights
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.dense_linear is not None:
+            return self.dense_linear.embed(ids)
+        out = torch.empty(ids.shape[0], self.in_features, dtype=self.dtype)
+        self.rows(ids.to(torch.int64).numpy(), out)
+        return out
 
     def int4_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The weights as ``hetero_kernels.cpu_int4`` takes them, ``(bytes, factors)``, where that
@@ -374,29 +438,77 @@ VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's 
 SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
 
 
+def unpack_kernels() -> tuple[Any, Any] | None:
+    """``(hetero_kernels.cpu_int4, hetero_kernels.cpu_unpack)`` where installed: their packing and
+    widening are plain Numba and run on any CPU, whether or not it can run ``cpu_int4``'s matmuls."""
+    try:
+        return importlib.import_module("hetero_kernels.cpu_int4"), importlib.import_module("hetero_kernels.cpu_unpack")
+    except ImportError:
+        return None
+
+
+def four_bit_rows(weight: GroupQuantized, vnni: VnniInt4Weights | None) -> KernelRows | None:
+    """The widening of 4-bit weights: from the VNNI kernel's bytes where it holds them, else from the
+    same layout packed for it; None without the kernels or for inputs not a multiple of 64."""
+    kernels = unpack_kernels()
+    if kernels is None or weight.shape[1] % (2 * GROUP_SIZE):
+        return None
+    int4, unpack = kernels
+    if vnni is not None:
+        return KernelRows(unpack.unpack4, vnni.packed, vnni.factors)
+    return KernelRows(unpack.unpack4, *int4.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy()))
+
+
+def eight_bit_rows(weight: SplitQuantized, packed: SplitInt4Weights | VnniInt8Weights) -> KernelRows | None:
+    """The widening of 8-bit weights: from the VNNI kernel's bytes, else from the same layout packed for
+    it; None without the kernels or for inputs not a multiple of 64."""
+    kernels = unpack_kernels()
+    if kernels is None or weight.shape[1] % (2 * GROUP_SIZE):
+        return None
+    int4, unpack = kernels
+    if isinstance(packed, VnniInt8Weights):
+        return KernelRows(unpack.unpack8, packed.packed, packed.factors)
+    return KernelRows(unpack.unpack8, *int4.pack8(weight.bytes().numpy(), weight.scale.float().numpy(), weight.offset.float().numpy()))
+
+
 def make_linear(
-    weight: Weight, bias: torch.Tensor | None, weight_format: str, dtype: torch.dtype, device: torch.device, table: bool = False
+    weight: Weight,
+    bias: torch.Tensor | None,
+    weight_format: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    table: bool = False,
+    dense_copy: bool = False,
 ) -> Linear:
     """A linear layer holding ``weight`` in ``weight_format``: ``dense`` (the model's dtype), ``int8``,
-    ``int4`` or ``auto`` (packed int4 for weights that arrive group-quantized, else dense). A ``table``
-    also looks up embeddings."""
+    ``int4`` or ``auto`` (packed for weights that arrive group-quantized, else dense). A ``table``
+    also looks up embeddings. Packed weights keep a dense copy for steps of many rows only with
+    ``dense_copy`` or where they cannot be widened a tile at a time."""
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
     if weight_format == "int4" and isinstance(weight, SplitQuantized):
         kernel = vnni_kernel(dtype, device, weight.shape[1])
         if kernel is None:
-            return PackedLinear(SplitInt4Weights(weight, dtype), weight.dequantize().to(dtype), bias, SPLIT_MAX_ROWS, table)
-        return PackedLinear(VnniInt8Weights(weight, kernel), weight.dequantize().to(dtype), bias, VNNI_MAX_ROWS, table)
+            packed, max_rows = SplitInt4Weights(weight, dtype), SPLIT_MAX_ROWS
+        else:
+            packed, max_rows = VnniInt8Weights(weight, kernel), VNNI_MAX_ROWS
+        rows = eight_bit_rows(weight, packed)
+        dense = weight.dequantize().to(dtype) if dense_copy or rows is None else None
+        return PackedLinear(packed, weight.shape, dtype, bias, max_rows, table, rows=rows, dense=dense)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
         kernel = vnni_kernel(dtype, device, quantized.shape[1])
         vnni = None if kernel is None else VnniInt4Weights(quantized, kernel)
         tiles = tiles_kernel(dtype, device, quantized.shape)
-        dense = quantized.dequantize().to(dtype)
         if tiles is not None:
-            return PackedLinear(TiledInt4Weights(quantized, tiles), dense, bias, TILED_MAX_ROWS, table, vnni)
-        return PackedLinear(Int4Weights(quantized, dtype), dense, bias, table=table, vnni=vnni)
+            packed, max_rows = TiledInt4Weights(quantized, tiles), TILED_MAX_ROWS
+        else:
+            packed, max_rows = Int4Weights(quantized, dtype), PACKED_MAX_ROWS
+        rows = four_bit_rows(quantized, vnni)
+        dense = quantized.dequantize().to(dtype) if dense_copy or rows is None else None
+        return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, vnni, rows, dense)
     if weight_format in ("int4", "int8"):
-        packed = Int8Weights(as_dense(weight), dtype)
-        return PackedLinear(packed, packed.dequantize().to(dtype), bias, table=table)
+        int8 = Int8Weights(as_dense(weight), dtype)
+        dense = int8.dequantize().to(dtype) if dense_copy else None
+        return PackedLinear(int8, weight.shape, dtype, bias, table=table, rows=Int8Rows(int8), dense=dense)
     return DenseLinear(as_dense(weight).to(device=device, dtype=dtype), bias, table)

@@ -16,6 +16,7 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.plugin import TorchExecutorOptions
 from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.loading import unpermute, unpermute_weight
 from hetero_executor_torch.quantized import (
@@ -217,3 +218,36 @@ def one_token_logits(executor: TorchExecutor, token: int, position: int) -> torc
     sequence = ScheduledSequence(0, [token], position, blocks, True, GenerationParams(temperature=0.0), [token] * (position + 1), position, None)
     with torch.inference_mode():
         return executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], 4))))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("tile_weights", [1 << 20, 16 * 128], ids=["one tile", "tiles of 16 outputs"])
+def test_many_rows_widen_the_packed_weights_as_the_dense_copy_holds_them(monkeypatch, fmt: str, tile_weights: int) -> None:
+    """No dense copy by default: a step of more rows than the packed kernels take widens the weights
+    a tile of outputs at a time, and computes what the opt-in dense copy computes."""
+    monkeypatch.setattr("hetero_executor_torch.quantized.TILE_WEIGHTS", tile_weights)
+    torch.manual_seed(0)
+    weight, bias = torch.randn(80, 128) * 0.05, torch.randn(80).bfloat16()
+    widened = make_linear(weight, bias, fmt, torch.bfloat16, CPU)
+    copied = make_linear(weight, bias, fmt, torch.bfloat16, CPU, dense_copy=True)
+    assert widened.dense_linear is None and copied.dense_linear is not None
+    torch.testing.assert_close(widened.dense(), copied.dense())
+    x = torch.randn(widened.max_rows + 5, 128).bfloat16()
+    torch.testing.assert_close(widened(x), copied(x), rtol=2e-2, atol=2e-2)
+    ids = torch.tensor([0, 17, 79])
+    torch.testing.assert_close(widened.embed(ids), copied.dense()[ids])
+
+
+@pytest.mark.model  # the embedded model's weights
+def test_the_embedded_model_holds_no_dense_copy_unless_asked(smollm2_tensors) -> None:
+    for dense_copy in (False, True):
+        linears = [
+            make_linear(group_form(smollm2_tensors[name].data, smollm2_tensors[name].tensor_type), None, "auto", torch.bfloat16, CPU, dense_copy=dense_copy)
+            for name in ("blk.0.ffn_gate.weight", "token_embd.weight")
+        ]
+        assert all((linear.dense_linear is not None) == dense_copy for linear in linears)
+
+
+def test_dense_copy_option_is_validated(tiny_model) -> None:
+    with pytest.raises(ConfigError, match="dense_copy"):
+        TorchExecutorOptions(dense_copy=1)
