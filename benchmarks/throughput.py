@@ -14,8 +14,10 @@ engine as configured by --dtype/--weights/--attention), ``hetero-json``
 (the same, every request constrained to the JSON schema ``RECORDS``, whose
 shortest valid answer is longer than any output here, so every request still
 generates its full count; it also reports the schema's cold and cached
-compile times), ``hetero-dense``
-(bf16 dense weights), ``hetero-fp32``, ``transformers-bf16``,
+compile times), ``hetero-dense-copy`` (packed weights with the
+executor's ``dense_copy``: steps of many rows multiply a dense copy instead
+of widening the packed weights), ``hetero-dense`` (bf16 dense weights),
+``hetero-fp32``, ``transformers-bf16``,
 ``transformers-fp32`` (batched ``generate``, left padding, padded batches of
 32 in submission order, each until its longest output) and ``llama-cpp``
 (llama-cpp-python on the same GGUF when installed; sequential workload only).
@@ -41,7 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from workload import WORKLOADS, Request, percentile, workload  # noqa: E402
 
-HETERO_PEERS = {"hetero": {}, "hetero-json": {}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"}, "hetero-fp32": {"dtype": "float32", "weights": "dense"}}
+HETERO_PEERS = {
+    "hetero": {}, "hetero-json": {}, "hetero-dense-copy": {"dense_copy": True}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"},
+    "hetero-fp32": {"dtype": "float32", "weights": "dense"},
+}
 PEERS = (*HETERO_PEERS, "transformers-bf16", "transformers-fp32", "llama-cpp")
 MARK = "RESULT "
 DECODE_GRAPHS = {"auto": "auto", "true": True, "false": False}

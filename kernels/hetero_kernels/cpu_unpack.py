@@ -62,11 +62,11 @@ def _unpack4(packed, factors, rows, out, table):
         for pair in range(factors.shape[1]):
             s0, s1 = _factor(factors, row, pair, 0, table), _factor(factors, row, pair, 1, table)
             m0, m1 = _factor(factors, row, pair, 2, table), _factor(factors, row, pair, 3, table)
-            base = pair * PAIR
+            base, first = pair * PAIR, pair * GROUP_SIZE
+            for j in range(GROUP_SIZE):  # two passes of contiguous stores, which vectorize
+                _put(line, base + j, np.float32(packed[row, first + j] & 15) * s0 + m0)
             for j in range(GROUP_SIZE):
-                byte = packed[row, pair * GROUP_SIZE + j]
-                _put(line, base + j, np.float32(byte & 15) * s0 + m0)
-                _put(line, base + GROUP_SIZE + j, np.float32(byte >> 4) * s1 + m1)
+                _put(line, base + GROUP_SIZE + j, np.float32(packed[row, first + j] >> 4) * s1 + m1)
 
 
 @njit(parallel=True, **_OPTIONS)
