@@ -253,26 +253,38 @@ def _quantize(x, high, low, factors, signed_low):
         factors[g // 2, 2 + g % 2] = (step * np.float32(quantized) if signed_low else total) / np.float32(8.0)
 
 
-def _rows_times(dot, signed_low: bool):
-    @njit(parallel=True, **_OPTIONS)
-    def times(x, weights, factors, out):
-        rows, size = x.shape
-        high, low = np.empty((rows, size), np.int8), np.empty((rows, size), np.uint8)
-        token_factors = np.empty((rows, size // PAIR, 4), np.float32)
-        for t in range(rows):
-            _quantize(x[t], high[t], low[t], token_factors[t], signed_low)
-        for r in prange(weights.shape[0]):
-            for t in range(rows):
-                _put(out[t], r, dot(weights[r], high[t], low[t], factors[r], token_factors[t]))
-
-    return times
+@njit(**_OPTIONS)
+def _quantize_rows(x, signed_low):
+    """Every activation row through :func:`_quantize`: ``(high, low, token_factors)``."""
+    rows, size = x.shape
+    high, low = np.empty((rows, size), np.int8), np.empty((rows, size), np.uint8)
+    token_factors = np.empty((rows, size // PAIR, 4), np.float32)
+    for t in range(rows):
+        _quantize(x[t], high[t], low[t], token_factors[t], signed_low)
+    return high, low, token_factors
 
 
-matmul = _rows_times(_dot, False)
-"""``out`` ``[T, out]`` = ``x`` ``[T, in]`` times the transposed weights packed by :func:`pack`, rounded
-to ``out``'s dtype. Rows of weights are shared out among the threads; each is read once for all ``T``
-activation rows."""
+# matmul and matmul8 differ only in their dot product. They are two functions, not two closures of one
+# factory: Numba keys a closure's cache entries by a hash of its cells' pickles, which for the intrinsics
+# differed from process to process, so every start compiled them again.
 
-matmul8 = _rows_times(_dot8, True)
-"""The same for 8-bit weights from :func:`pack8`: one ``vpdpbusd`` per 64 products and activation
-byte, where the 8-bit weights as two 4-bit halves take two."""
+
+@njit(parallel=True, **_OPTIONS)
+def matmul(x, weights, factors, out):
+    """``out`` ``[T, out]`` = ``x`` ``[T, in]`` times the transposed weights packed by :func:`pack`, rounded
+    to ``out``'s dtype. Rows of weights are shared out among the threads; each is read once for all ``T``
+    activation rows."""
+    high, low, token_factors = _quantize_rows(x, False)
+    for r in prange(weights.shape[0]):
+        for t in range(x.shape[0]):
+            _put(out[t], r, _dot(weights[r], high[t], low[t], factors[r], token_factors[t]))
+
+
+@njit(parallel=True, **_OPTIONS)
+def matmul8(x, weights, factors, out):
+    """The same for 8-bit weights from :func:`pack8`: one ``vpdpbusd`` per 64 products and activation
+    byte, where the 8-bit weights as two 4-bit halves take two."""
+    high, low, token_factors = _quantize_rows(x, True)
+    for r in prange(weights.shape[0]):
+        for t in range(x.shape[0]):
+            _put(out[t], r, _dot8(weights[r], high[t], low[t], factors[r], token_factors[t]))
