@@ -32,8 +32,11 @@ setup: $(BIN)/.installed $(BIN)/.kernels-compiled
 run: setup
 	$(BIN)/hetero-infer --input "$(PROMPT)" --max-tokens 64 --temperature 0
 
+# The kernel and executor suites run twice: with the kernels this CPU supports, then with every
+# instruction-specific kernel turned off, as on a CPU without them (the portable paths).
 test: setup
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+	HETERO_KERNELS_PORTABLE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile kernels/tests plugins/hetero-executor-torch/tests $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py --compare-hf

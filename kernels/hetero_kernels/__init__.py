@@ -11,6 +11,10 @@ num_kv_heads, head_size]``; position ``p`` of a sequence with block table
 between its matmuls (RMSNorm, RoPE with the cache write, a decode's
 attention in the same call).
 
+:func:`cpu_variants` says which of the CPU kernels that need particular
+instructions run on this host (``HETERO_KERNELS_PORTABLE=1`` turns them
+all off, for the portable paths).
+
 ``cuda`` is imported on first use: importing ``numba.cuda`` fixes whether the
 CUDA simulator is in use (``NUMBA_ENABLE_CUDASIM``), which must stay the
 caller's choice.
@@ -23,7 +27,13 @@ from types import ModuleType
 
 from hetero_kernels import cpu, cpu_fused, reference
 
-__all__ = ["cpu", "cpu_fused", "cuda", "reference"]
+__all__ = ["cpu", "cpu_fused", "cpu_variants", "cuda", "reference"]
+FEATURE_KERNELS = ("cpu_int4", "cpu_int4_tiles", "cpu_scores")  # the modules with a SUPPORTED flag
+
+
+def cpu_variants() -> dict[str, bool]:
+    """Each CPU kernel module that needs particular instructions, and whether it runs here."""
+    return {name: importlib.import_module(f"hetero_kernels.{name}").SUPPORTED for name in FEATURE_KERNELS}
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -7,16 +7,27 @@ runs only where both hold.
 
 from __future__ import annotations
 
+import os
+
 from llvmlite import binding, ir
 from numba import config
 
 
+PORTABLE_ENV = "HETERO_KERNELS_PORTABLE"
+"""Set (to anything but empty or ``0``), every kernel that needs a CPU feature reports itself
+unsupported, so callers take the portable paths, as on a CPU without those features."""
+
+
+def portable_forced() -> bool:
+    return os.environ.get(PORTABLE_ENV, "") not in ("", "0")
+
+
 def has(*features: str) -> bool:
     """Whether Numba compiles for this CPU and it has every one of ``features`` (LLVM's names, such as
-    ``"avx512bf16"``)."""
+    ``"avx512bf16"``), unless :data:`PORTABLE_ENV` forces the portable paths."""
     present = set(binding.get_host_cpu_features().flatten().split(","))
     compiles_for_host = config.CPU_NAME in (None, "host") and config.CPU_FEATURES is None
-    return compiles_for_host and {f"+{feature}" for feature in features} <= present
+    return compiles_for_host and not portable_forced() and {f"+{feature}" for feature in features} <= present
 
 
 def declare(module: ir.Module, name: str, result: ir.Type, arguments: list[ir.Type]) -> ir.Function:

@@ -42,6 +42,16 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
+def cpu_kernel_variants() -> dict[str, bool]:
+    """Which of ``hetero_kernels``' instruction-specific CPU kernels run here (none where the kernels are
+    not installed, or with ``HETERO_KERNELS_PORTABLE=1``)."""
+    try:
+        from hetero_kernels import cpu_variants
+    except ImportError:
+        return {}
+    return cpu_variants()
+
+
 def cpu_has_fast_bf16() -> bool:
     """AVX-512 BF16 or AMX: bf16 matmuls beat fp32 there."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
@@ -149,6 +159,7 @@ class TorchExecutor:
         log.info(
             "model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device),
             weights=self.weight_format, dense_copy=dense_copy, attention=self.attention.name,
+            cpu_kernels=[name for name, runs in cpu_kernel_variants().items() if runs] if self.device.type == "cpu" else None,
         )
 
     def _uses_graphs(self, decode_graphs: bool | str) -> bool:
