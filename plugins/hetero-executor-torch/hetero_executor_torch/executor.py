@@ -105,9 +105,9 @@ class TorchExecutor:
         ``hetero_infer.attention`` entry points, or an
         :class:`AttentionBackend` object.
     :param weights: how linear weights are held: ``auto`` (the default: on
-        the CPU in bf16, a GGUF's Q4_0/Q4_1 and Q8_0 weights stay packed,
-        exactly as the file holds them, for steps of a few rows; everything
-        else dense; otherwise dense), ``dense`` (the compute dtype),
+        the CPU in bf16, a GGUF's weights of every type with an exact group
+        form (:mod:`hetero_executor_torch.gguf_blocks`) stay packed, exactly as
+        the file holds them; everything else dense; otherwise dense), ``dense`` (the compute dtype),
         ``int8`` (per-channel) or ``int4`` (groups of 32): weight-only
         quantization on the CPU, for any checkpoint.
     :param dense_copy: also hold packed weights dense, in the model's dtype,
@@ -147,7 +147,7 @@ class TorchExecutor:
         path = resolve_model_path(config.model)
         model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype)
+            fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype) and not model_config.head_norm
             self.model = LlamaModel(model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, fused, dense_copy)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)

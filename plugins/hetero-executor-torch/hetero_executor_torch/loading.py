@@ -46,6 +46,8 @@ GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
@@ -121,12 +123,13 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
         num_layers=_field(reader, f"{arch}.block_count"),
         num_heads=num_heads,
         num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv") or num_heads,
-        head_size=_field(reader, f"{arch}.rope.dimension_count") or hidden // num_heads,
+        head_size=_field(reader, f"{arch}.attention.key_length") or _field(reader, f"{arch}.rope.dimension_count") or hidden // num_heads,
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
+        head_norm="blk.0.attn_q_norm.weight" in names,
         eos_token_ids=token_ids(_field(reader, "tokenizer.ggml.eos_token_id"), _field(reader, "tokenizer.ggml.eot_token_id")),
     )
 

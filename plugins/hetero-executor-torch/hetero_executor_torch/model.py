@@ -41,6 +41,7 @@ class Layer:
 
         self.input_norm = take("input_layernorm.weight")
         self.post_norm = take("post_attention_layernorm.weight")
+        self.head_norms = (take("self_attn.q_norm.weight"), take("self_attn.k_norm.weight")) if config.head_norm else None
         qkv_bias = (
             torch.cat([take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias")])
             if config.attention_bias
@@ -90,6 +91,8 @@ class LlamaModel:
             for layer in self.layers:
                 layer.input_norm = layer.input_norm.to(device=device, dtype=torch.float32)
                 layer.post_norm = layer.post_norm.to(device=device, dtype=torch.float32)
+                if layer.head_norms is not None:
+                    layer.head_norms = tuple(norm.to(device=device, dtype=torch.float32) for norm in layer.head_norms)
         except KeyError as exc:
             raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
         self.q_size = config.num_heads * config.head_size
@@ -162,7 +165,11 @@ class LlamaModel:
             x = self.rms_norm(hidden, layer.input_norm)
             qkv = layer.qkv(x)
             # q and k heads side by side, rotated in one go
-            qk = self.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, config.head_size), cos, sin)
+            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, config.head_size)
+            if layer.head_norms is not None:
+                q_norm, k_norm = layer.head_norms
+                qk = torch.cat([self.rms_norm(qk[:, : config.num_heads], q_norm), self.rms_norm(qk[:, config.num_heads :], k_norm)], dim=1)
+            qk = self.rotate(qk, cos, sin)
             q, k = qk[:, : config.num_heads], qk[:, config.num_heads :]
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, config.num_kv_heads, config.head_size)
             write_kv(k_cache, v_cache, k, v, attention.slot_mapping)

@@ -8,9 +8,12 @@ import attrs
 
 from hetero_core.errors import ConfigError
 
-# Hugging Face architectures served by the Llama forward pass (Qwen2 adds q/k/v biases).
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+# Hugging Face architectures served by the Llama forward pass (Qwen2 adds q/k/v biases, Qwen3 an RMSNorm
+# of each query and key head before RoPE).
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+}
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
 @attrs.frozen
@@ -30,6 +33,7 @@ class ModelConfig:
     attention_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation
     rope_scaling: Mapping[str, Any] | None = None
+    head_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any], name: str, generation: Mapping[str, Any] | None = None) -> ModelConfig:
@@ -42,7 +46,9 @@ class ModelConfig:
             )
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
-        scaling = config.get("rope_scaling")
+        # transformers 5 writes RoPE's settings as rope_parameters; earlier versions as rope_theta and rope_scaling
+        rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), Mapping) else {}
+        scaling = config.get("rope_scaling") or rope
         return cls(
             name=name,
             vocab_size=config["vocab_size"],
@@ -52,13 +58,14 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
             head_size=config.get("head_dim") or hidden // num_heads,
-            rope_theta=float(config.get("rope_theta", 10000.0)),
+            rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=config.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2" or bool(config.get("attention_bias", False)),
             eos_token_ids=token_ids(config.get("eos_token_id"), (generation or {}).get("eos_token_id")),
             rope_scaling=scaling if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")) == "llama3" else None,
+            head_norm=SUPPORTED_ARCHITECTURES[architecture] == "qwen3",
         )
 
 

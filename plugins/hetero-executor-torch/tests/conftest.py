@@ -15,7 +15,8 @@ torch.set_num_threads(2)
 
 
 def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0, intermediate_size: int = 96) -> Path:
-    """A random 2-layer model with grouped-query attention, saved as config.json + safetensors."""
+    """A random 2-layer model with grouped-query attention, saved as config.json + safetensors (Qwen3's
+    heads are wider than ``hidden_size / num_attention_heads``, as its real models' are)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
     common = dict(
@@ -26,13 +27,19 @@ def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = F
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        rope_theta=10000.0,
+        rope_theta=50000.0,  # not the default, so that a loader reading the wrong key fails
         rms_norm_eps=1e-5,
         tie_word_embeddings=tie,
         eos_token_id=257,
     )
     if architecture == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif architecture == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=32))
+        with torch.no_grad():  # the head norms start at ones: make them matter
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     model.save_pretrained(folder, safe_serialization=True)
@@ -55,3 +62,69 @@ def tiny_engine(model: Path, **overrides: Any) -> InferenceEngine:
     )
     values.update(overrides)
     return InferenceEngine(EngineConfig.from_mapping(values))
+
+
+GGUF_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+GGUF_LAYER_NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+
+def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
+    """The model in ``folder`` (from :func:`write_tiny_model`) as a GGUF file, the way llama.cpp's
+    converter writes one: its tensor names and metadata, a Llama's q/k rows interleaved for pairwise
+    RoPE, linear weights in ``weight_type`` (a ``gguf.GGMLQuantizationType`` gguf can quantize to;
+    float32 by default), norms and biases in float32."""
+    import json
+
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[config["architectures"][0]]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(config.get("rope_theta") or config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_eos_token_id(config["eos_token_id"])
+
+    def interleave(weight: np.ndarray, count: int) -> np.ndarray:  # llama.cpp's permute, undone by the loader
+        return weight.reshape(count, 2, weight.shape[0] // count // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        if name in GGUF_NAMES:
+            target = GGUF_NAMES[name]
+        else:
+            _, _, index, *rest = name.split(".")
+            module, suffix = ".".join(rest[:-1]), rest[-1]
+            target = f"blk.{index}.{GGUF_LAYER_NAMES[module]}.{suffix}"
+        tensor = tensor.astype(np.float32)
+        if arch == "llama" and ".attn_q." in target or arch == "llama" and ".attn_k." in target:
+            tensor = interleave(tensor, heads if ".attn_q." in target else kv_heads)
+        if weight_type is not None and tensor.ndim == 2:
+            writer.add_tensor(target, gguf.quants.quantize(tensor, weight_type), raw_dtype=weight_type)
+        else:
+            writer.add_tensor(target, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -10,8 +10,9 @@ from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 from hetero_core.testing import ExecutorContract
 from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.quantized import PackedLinear
 
-from .conftest import tiny_engine, write_tiny_model
+from .conftest import tiny_engine, write_tiny_gguf, write_tiny_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,15 +23,40 @@ def our_logits(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
     return executor.prefill_logits(ids, list(range(2, 2 + -(-len(ids) // 4))))
 
 
-@pytest.mark.parametrize(("architecture", "tie"), [("llama", False), ("llama", True), ("qwen2", False)])
-def test_logits_match_transformers(tmp_path, architecture: str, tie: bool) -> None:
+ARCHITECTURES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", False), ("qwen3", True)]
+
+
+@pytest.mark.parametrize("source", ["folder", "gguf"])
+@pytest.mark.parametrize(("architecture", "tie"), ARCHITECTURES)
+def test_logits_match_transformers(tmp_path, architecture: str, tie: bool, source: str) -> None:
+    """From the Hugging Face folder and from the same weights written as llama.cpp writes a GGUF file."""
     folder = write_tiny_model(tmp_path, architecture=architecture, tie=tie, seed=3)
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    executor = TorchExecutor(EngineConfig(model=str(folder)), dtype="float32")
+    model = folder if source == "folder" else write_tiny_gguf(folder, tmp_path / "tiny.gguf")
+    executor = TorchExecutor(EngineConfig(model=str(model)), dtype="float32")
     ids = torch.randint(0, 259, (37,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.inference_mode():
         expected = reference(torch.tensor([ids])).logits[0]
     torch.testing.assert_close(our_logits(executor, ids).cpu(), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_0", "Q5_1", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+def test_a_quantized_gguf_runs_packed_as_it_runs_dense(tmp_path, architecture: str, weight_type: str) -> None:
+    """The same quantized file in bf16, its weights packed (on whichever kernels this CPU runs, a
+    prefill widening them) and dequantized dense: against the float32 model of the file's weights,
+    the packed path errs at most about as much as dense bf16 does (the layouts are right)."""
+    gguf = pytest.importorskip("gguf")
+    folder = write_tiny_model(tmp_path, architecture=architecture, seed=5)
+    path = write_tiny_gguf(folder, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
+    ids = torch.randint(0, 259, (29,), generator=torch.Generator().manual_seed(2)).tolist()
+    reference = our_logits(TorchExecutor(EngineConfig(model=str(path)), dtype="float32"), ids)
+    dense = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="dense")
+    packed = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="auto")
+    assert isinstance(packed.model.layers[0].gate_up, PackedLinear)
+    dense_error = float((our_logits(dense, ids) - reference).abs().max())
+    packed_error = float((our_logits(packed, ids) - reference).abs().max())
+    assert packed_error <= 2 * dense_error + 1e-3, (packed_error, dense_error)
 
 
 class TestTinyModelExecutorContract(ExecutorContract):
