@@ -136,11 +136,20 @@ def as_dense(weight: Weight) -> torch.Tensor:
     return weight if isinstance(weight, torch.Tensor) else weight.dequantize()
 
 
+def as_eight_bit(weight: GroupQuantized | SplitQuantized) -> SplitQuantized:
+    """4-bit groups in the 8-bit form, exactly: ``q`` 0..15 as it is, the minimum as the offset."""
+    if isinstance(weight, SplitQuantized):
+        return weight
+    return SplitQuantized.from_q8(weight.q.to(torch.int8), weight.scale, weight.minimum)
+
+
 def concat(parts: list[Weight]) -> Weight:
-    """Weights stacked along the output dimension, kept quantized when every part is quantized alike."""
-    for kind in (GroupQuantized, SplitQuantized):
-        if all(isinstance(p, kind) for p in parts):
-            return kind.cat(parts)
+    """Weights stacked along the output dimension, kept quantized when every part is quantized: 4-bit
+    parts beside 8-bit ones (a file mixing types, such as Q4_K_M's) join in the 8-bit form."""
+    if all(isinstance(p, GroupQuantized) for p in parts):
+        return GroupQuantized.cat(parts)
+    if all(isinstance(p, (GroupQuantized, SplitQuantized)) for p in parts):
+        return SplitQuantized.cat([as_eight_bit(p) for p in parts])
     return torch.cat([as_dense(p) for p in parts])
 
 
@@ -434,6 +443,7 @@ def cpu_flags() -> frozenset[str]:
 # (Zen 4, benchmarks/README.md). With AMX, oneDNN's matmul is nearly flat in the rows: the tiled
 # kernel keeps only the steps torch's int4 kernel served there.
 TILED_MAX_ROWS = PACKED_MAX_ROWS if "amx_bf16" in cpu_flags() else 32
+TORCH_INT4_OUTPUTS = 16  # torch's int4 packing takes outputs in multiples of this
 VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's int4 kernel is faster
 SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
 
@@ -488,10 +498,12 @@ def make_linear(
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
     if weight_format == "int4" and isinstance(weight, SplitQuantized):
         kernel = vnni_kernel(dtype, device, weight.shape[1])
-        if kernel is None:
+        if kernel is not None:
+            packed, max_rows = VnniInt8Weights(weight, kernel), VNNI_MAX_ROWS
+        elif weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
             packed, max_rows = SplitInt4Weights(weight, dtype), SPLIT_MAX_ROWS
         else:
-            packed, max_rows = VnniInt8Weights(weight, kernel), VNNI_MAX_ROWS
+            return DenseLinear(weight.dequantize().to(device=device, dtype=dtype), bias, table)
         rows = eight_bit_rows(weight, packed)
         dense = weight.dequantize().to(dtype) if dense_copy or rows is None else None
         return PackedLinear(packed, weight.shape, dtype, bias, max_rows, table, rows=rows, dense=dense)
@@ -502,8 +514,12 @@ def make_linear(
         tiles = tiles_kernel(dtype, device, quantized.shape)
         if tiles is not None:
             packed, max_rows = TiledInt4Weights(quantized, tiles), TILED_MAX_ROWS
-        else:
+        elif quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
             packed, max_rows = Int4Weights(quantized, dtype), PACKED_MAX_ROWS
+        elif vnni is not None:
+            packed, max_rows = vnni, VNNI_MAX_ROWS
+        else:
+            return DenseLinear(quantized.dequantize().to(device=device, dtype=dtype), bias, table)
         rows = four_bit_rows(quantized, vnni)
         dense = quantized.dequantize().to(dtype) if dense_copy or rows is None else None
         return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, vnni, rows, dense)

@@ -9,7 +9,7 @@ import torch
 
 from hetero_executor_torch.gguf_blocks import eight_bit, group_form
 from hetero_executor_torch.loading import DENSE_ONLY_TYPES, PACKED_TYPES
-from hetero_executor_torch.quantized import GroupQuantized, PackedLinear, SplitInt4Weights, SplitQuantized, make_linear
+from hetero_executor_torch.quantized import GroupQuantized, PackedLinear, SplitInt4Weights, SplitQuantized, concat, make_linear
 
 from .test_quantized import activation_steps, assert_within
 
@@ -77,3 +77,12 @@ def test_each_8_bit_type_runs_on_torchs_int4_kernel_as_two_halves(kind: T) -> No
     x = torch.randn(1, dense.shape[1], generator=torch.Generator().manual_seed(0))
     halves = SplitInt4Weights(group_form(raw, kind), torch.float32)
     torch.testing.assert_close(halves.matmul(x), x @ dense.T, rtol=1e-4, atol=1e-4 * float(dense.abs().max()))
+
+
+def test_4_bit_and_8_bit_parts_join_exactly_in_the_8_bit_form() -> None:
+    """As a Q4_K_M file's fused projections do: a Q4_K part beside Q5_0 ones."""
+    parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate((T.Q5_0, T.Q4_K, T.Q8_0))]
+    joined = concat(parts)
+    assert isinstance(joined, SplitQuantized)
+    expected = torch.cat([p.dequantize() for p in parts])
+    torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
