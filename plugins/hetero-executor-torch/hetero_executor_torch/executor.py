@@ -28,6 +28,7 @@ from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 log = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_WARM_UP_TOKENS = 256  # more rows than any packed kernel takes, and several tiles of prefill attention
 
 
 def resolve_device(device: str) -> torch.device:
@@ -204,17 +205,23 @@ class TorchExecutor:
         return CudaGraphCapture(self.device) if self.device.type == "cuda" else CheckedReplay()
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
-        """Run the largest prefill and decode steps once, and a decode of three sequences, through
-        block 0 (still unused).
+        """Run a prefill step (on CUDA the largest, on the CPU at most :data:`CPU_WARM_UP_TOKENS`
+        tokens) and the largest decode step once, and a decode of three sequences, through block 0
+        (still unused).
 
         The first pass at a given size is slow (memory first touched, kernels
         picked or compiled, with decode graphs the largest batch's graph
-        captured); paying it here keeps it off the first requests. Small
-        multi-sequence steps may run other kernels than the largest (the
-        tiled int4 kernel, where the largest step runs dense matmuls).
+        captured); paying it here keeps it off the first requests, and on
+        CUDA the largest prefill shows at start whether its activations fit
+        beside the cache. On the CPU a prefill of a few hundred tokens
+        compiles every kernel the largest would (a 4,096-token one cost
+        seconds of every start): a longer first prompt only touches more
+        memory. Small multi-sequence steps may run other kernels than the
+        largest (the tiled int4 kernel, where the largest step widens the
+        packed weights).
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
-        length = max(2, max_num_tokens)
+        length = max(2, max_num_tokens if self.device.type == "cuda" else min(max_num_tokens, CPU_WARM_UP_TOKENS))
         tokens = [0] * length
         table = [0] * -(-length // self.block_size)
         prefill = ScheduledSequence(0, tokens, 0, table, True, params, tokens, length, None)
