@@ -1,7 +1,7 @@
 """A Llama-family decoder layer for a decode step with packed int4 weights, in one Numba call.
 
-With every projection on an int4 kernel (:mod:`hetero_kernels.cpu_int4` for
-a row or two, :mod:`hetero_kernels.cpu_int4_tiles` for tiles of a few dozen)
+With every projection on a packed kernel (:mod:`hetero_kernels.cpu_int4`'s
+4-bit or 8-bit matmul for a row or two, :mod:`hetero_kernels.cpu_int4_tiles` for tiles of a few dozen)
 and the rest on :mod:`hetero_kernels.cpu_fused`, a layer is eight kernel
 calls; made from Python, their dispatch and the tensors passed between them
 cost about as much as a small projection. Here Numba calls them: one
@@ -11,7 +11,7 @@ per step. The arithmetic is the same kernels', call for call.
 
 from __future__ import annotations
 
-from numba import njit
+from numba import njit, types
 from numba.extending import overload
 
 from hetero_kernels import cpu_int4, cpu_int4_tiles
@@ -28,6 +28,8 @@ def _matmul(x, packed, factors, out):
 def _matmul_overload(x, packed, factors, out):
     if packed.ndim == 3:  # cpu_int4_tiles packs [outputs / 16, groups, 256]
         return lambda x, packed, factors, out: cpu_int4_tiles.matmul(x, packed, factors, out)
+    if packed.dtype == types.int8:  # cpu_int4.pack8's 8-bit weights
+        return lambda x, packed, factors, out: cpu_int4.matmul8(x, packed, factors, out)
     return lambda x, packed, factors, out: cpu_int4.matmul(x, packed, factors, out)
 
 
@@ -39,7 +41,8 @@ def decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, attenti
     the activations' dtype); on return they hold the stream after the layer and its RMSNorm with
     ``next_norm`` (the next layer's input norm, or the model's final one). ``buffers`` are the layer's
     intermediates ``(qkv, attended, projected, gate_up, mlp)``, ``weights`` the four projections
-    packed by :func:`hetero_kernels.cpu_int4.pack` or :func:`hetero_kernels.cpu_int4_tiles.pack`,
+    packed by :func:`hetero_kernels.cpu_int4.pack` or ``pack8`` (each its own) or by
+    :func:`hetero_kernels.cpu_int4_tiles.pack`,
     each ``(bytes, factors)``: q/k/v, output, gate/up, down. ``attention`` is
     :func:`hetero_kernels.cpu_fused.rotary_decode_attention`'s arguments past ``out`` and ``qkv``,
     with its :func:`~hetero_kernels.cpu_fused.decode_plan`."""

@@ -413,10 +413,11 @@ class PackedLinear:
         return out
 
     def int4_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The weights as ``hetero_kernels.cpu_int4`` takes them, ``(bytes, factors)``, where that
-        kernel computes this layer (up to ``VNNI_MAX_ROWS`` rows; no bias to add), else None."""
-        usable = self.bias is None and self.vnni is not None
-        return (self.vnni.packed, self.vnni.factors) if usable else None
+        """The weights as ``hetero_kernels.cpu_int4`` takes them, ``(bytes, factors)`` (4-bit, or 8-bit
+        as ``int8`` bytes), where that kernel computes this layer (up to ``VNNI_MAX_ROWS`` rows; no bias
+        to add), else None."""
+        vnni = self.packed if isinstance(self.packed, VnniInt8Weights) else self.vnni
+        return (vnni.packed, vnni.factors) if self.bias is None and vnni is not None else None
 
     def tiled_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The weights as ``hetero_kernels.cpu_int4_tiles`` takes them, ``(bytes, factors)``, where that

@@ -16,7 +16,7 @@ from hetero_executor_torch import TorchExecutor
 from hetero_executor_torch.kernel_attention import kernel_array
 from hetero_executor_torch.model import LlamaModel
 
-from .conftest import write_tiny_model
+from .conftest import write_tiny_gguf, write_tiny_model
 
 cpu_fused = pytest.importorskip("hetero_kernels.cpu_fused", reason="hetero_kernels not installed")
 
@@ -179,3 +179,17 @@ def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model)
     executor.model.fused.vnni_rows = executor.model.fused.tiled_rows = 0
     rounded = decode_step(executor, 2)
     assert float((packed - reference).abs().mean()) < float((rounded - reference).abs().mean())
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_1"])
+def test_8_bit_layers_in_one_call_compute_their_kernels_calls(int4_ready_model, tmp_path, weight_type: str) -> None:
+    """A GGUF's 8-bit groups (Q8_0; Q5_1 with its offsets) run in the one-call layer on ``cpu_int4.matmul8``,
+    equal to the same kernels called one by one."""
+    gguf = pytest.importorskip("gguf")
+    path = write_tiny_gguf(int4_ready_model, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
+    executor = TorchExecutor(EngineConfig(model=str(path)), dtype="float32", weights="int4", device="cpu", attention="numba")
+    if executor.model.fused.vnni_rows == 0:
+        pytest.skip("no VNNI kernel on this machine")
+    one_call = decode_step(executor, 2)
+    executor.model.fused.vnni_rows = 0
+    assert torch.equal(one_call, decode_step(executor, 2))
