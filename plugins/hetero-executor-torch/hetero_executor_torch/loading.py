@@ -100,7 +100,7 @@ def tensor_data(info: TensorInfo, path: Path) -> np.ndarray:
     rows, row_bytes = tensor_shape(info)
     data = np.fromfile(path, dtype=np.uint8, count=rows * row_bytes, offset=info.offset)
     if data.size != rows * row_bytes:
-        raise ConfigError(f"{path.name}: tensor {info.name} runs past the end of the file", param="model")
+        raise ConfigError(f"{path}: tensor {info.name} runs past the end of the file", param="model")
     return data.reshape(rows, row_bytes)
 
 
