@@ -12,7 +12,7 @@ from numba.core.errors import TypingError
 from hetero_kernels import cpu_scores
 from hetero_kernels.dtypes import bfloat16_bits, widen
 
-pytestmark = pytest.mark.skipif(not cpu_scores.SUPPORTED, reason="this CPU has no AVX-512 BF16 (or Numba does not compile for it)")
+pytestmark = pytest.mark.skipif(not cpu_scores.SUPPORTED, reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths")
 POSITIONS = cpu_scores.POSITIONS
 
 

@@ -143,7 +143,7 @@ def decode_step(executor: TorchExecutor, sequences: int) -> torch.Tensor:
 def int4_executor(model, dtype: str) -> TorchExecutor:
     executor = TorchExecutor(EngineConfig(model=str(model)), dtype=dtype, weights="int4", device="cpu", attention="numba")
     if executor.model.fused.vnni_rows == 0:
-        pytest.skip("no VNNI int4 kernel on this machine")
+        pytest.skip("no VNNI int4 kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     return executor
 
 
@@ -163,7 +163,7 @@ def test_tiled_layers_in_one_call_compute_their_kernels_calls(int4_ready_model) 
     executor = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba")
     fused = executor.model.fused
     if fused.tiled_rows == 0:
-        pytest.skip("no tiled int4 kernel on this machine (AVX-512 BF16)")
+        pytest.skip("no tiled int4 kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set)")
     assert fused.vnni_rows < 3 <= fused.tiled_rows
     one_call = decode_step(executor, 3)
     fused.tiled_rows = 0
@@ -189,7 +189,7 @@ def test_8_bit_layers_in_one_call_compute_their_kernels_calls(int4_ready_model, 
     path = write_tiny_gguf(int4_ready_model, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
     executor = TorchExecutor(EngineConfig(model=str(path)), dtype="float32", weights="int4", device="cpu", attention="numba")
     if executor.model.fused.vnni_rows == 0:
-        pytest.skip("no VNNI kernel on this machine")
+        pytest.skip("no VNNI kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     one_call = decode_step(executor, 2)
     executor.model.fused.vnni_rows = 0
     assert torch.equal(one_call, decode_step(executor, 2))

@@ -168,7 +168,7 @@ def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -
     linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
     assert isinstance(linear.packed, TiledInt4Weights) == kernel_here("cpu_int4_tiles")
     if not kernel_here("cpu_int4_tiles"):
-        pytest.skip("no tiled kernel here (no AVX-512 BF16, or the portable paths forced): torch's int4 kernel rounds its scales to bf16")
+        pytest.skip("no tiled kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set): torch's int4 kernel rounds its scales to bf16")
     for rows in sorted({VNNI_MAX_ROWS + 1, (VNNI_MAX_ROWS + 1 + linear.max_rows) // 2, linear.max_rows}):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
         expected = x.float() @ dense.T
