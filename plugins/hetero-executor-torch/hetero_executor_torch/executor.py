@@ -148,7 +148,7 @@ class TorchExecutor:
         path = resolve_model_path(config.model)
         model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype) and not model_config.head_norm
+            fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype, model_config)
             self.model = LlamaModel(model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, fused, dense_copy)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)

@@ -38,6 +38,7 @@ import torch
 
 from hetero_executor_torch.attention import AttentionInputs
 from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
+from hetero_executor_torch.model_config import ModelConfig
 from hetero_executor_torch.quantized import TILED_MAX_ROWS, VNNI_MAX_ROWS, Linear, PackedLinear
 
 if TYPE_CHECKING:
@@ -46,10 +47,11 @@ if TYPE_CHECKING:
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> bool:
+def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype, config: ModelConfig) -> bool:
     """Whether the fused kernels run the layers: with the ``numba`` backend (CPU only, its ``configure``
-    refuses any other device), a model in float32 or bf16 and the cache in the same dtype."""
-    return isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype
+    refuses any other device), a model in float32 or bf16 and the cache in the same dtype, and no norm
+    of each query and key head (Qwen3's), which the kernels do not apply."""
+    return isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype and not config.head_norm
 
 
 def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | None]) -> list[tuple]:

@@ -83,10 +83,6 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _field(reader: GGUFHeader, key: str, default=None):
-    return reader.get(key, default)
-
-
 def tensor_shape(info: TensorInfo) -> tuple[int, int]:
     """A tensor's bytes as rows, ``(rows, bytes per row)``: a row is the innermost dimension, as
     ``gguf.quants.dequantize`` takes it."""
@@ -105,32 +101,32 @@ def tensor_data(info: TensorInfo, path: Path) -> np.ndarray:
 
 
 def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
+    arch = reader.get("general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise ConfigError(
             f"{path.name}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_GGUF_ARCHITECTURES)}",
             param="model",
         )
-    hidden = _field(reader, f"{arch}.embedding_length")
-    num_heads = _field(reader, f"{arch}.attention.head_count")
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    hidden = reader.get(f"{arch}.embedding_length")
+    num_heads = reader.get(f"{arch}.attention.head_count")
+    tokens = reader.get("tokenizer.ggml.tokens") or []
     names = {t.name for t in reader.tensors}
     return ModelConfig(
-        name=_field(reader, "general.name") or path.stem,
-        vocab_size=_field(reader, f"{arch}.vocab_size") or len(tokens),
+        name=reader.get("general.name") or path.stem,
+        vocab_size=reader.get(f"{arch}.vocab_size") or len(tokens),
         hidden_size=hidden,
-        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
-        num_layers=_field(reader, f"{arch}.block_count"),
+        intermediate_size=reader.get(f"{arch}.feed_forward_length"),
+        num_layers=reader.get(f"{arch}.block_count"),
         num_heads=num_heads,
-        num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv") or num_heads,
-        head_size=_field(reader, f"{arch}.attention.key_length") or _field(reader, f"{arch}.rope.dimension_count") or hidden // num_heads,
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position_embeddings=_field(reader, f"{arch}.context_length", 2048),
+        num_kv_heads=reader.get(f"{arch}.attention.head_count_kv") or num_heads,
+        head_size=reader.get(f"{arch}.attention.key_length") or reader.get(f"{arch}.rope.dimension_count") or hidden // num_heads,
+        rope_theta=float(reader.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(reader.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position_embeddings=reader.get(f"{arch}.context_length", 2048),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         head_norm="blk.0.attn_q_norm.weight" in names,
-        eos_token_ids=token_ids(_field(reader, "tokenizer.ggml.eos_token_id"), _field(reader, "tokenizer.ggml.eot_token_id")),
+        eos_token_ids=token_ids(reader.get("tokenizer.ggml.eos_token_id"), reader.get("tokenizer.ggml.eot_token_id")),
     )
 
 
@@ -155,7 +151,7 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Lo
     ``keep_quantized``, the weight's exact group form where its type has one."""
     reader = parse(read_gguf_header, path)
     config = gguf_config(reader, path)
-    permuted = _field(reader, "general.architecture") == "llama"
+    permuted = reader.get("general.architecture") == "llama"
     loaders: Loaders = {}
     dense_only: dict[str, int] = {}
     for tensor in reader.tensors:
