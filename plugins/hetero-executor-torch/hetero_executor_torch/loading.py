@@ -7,7 +7,9 @@ when the caller keeps weights quantized; the rest are dequantized with the
 ``gguf`` package (Q2_K and Q6_K with a warning naming the type). llama.cpp's
 converter permutes the rows of the q and k projections so that RoPE rotates
 adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
-(rotate-half RoPE, as Hugging Face computes it) serves both sources.
+(rotate-half RoPE, as Hugging Face computes it) serves both sources. RoPE's
+scaling comes from ``rope_freqs.weight`` (Llama 3's per-frequency factors) or
+``rope.scaling.type`` ``linear``; other scalings are refused.
 """
 
 from __future__ import annotations
@@ -110,7 +112,15 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
     hidden = reader.get(f"{arch}.embedding_length")
     num_heads = reader.get(f"{arch}.attention.head_count")
     tokens = reader.get("tokenizer.ggml.tokens") or []
-    names = {t.name for t in reader.tensors}
+    tensors = {t.name: t for t in reader.tensors}
+    head_size = reader.get(f"{arch}.attention.key_length") or hidden // num_heads
+    rotated = reader.get(f"{arch}.rope.dimension_count") or head_size
+    if rotated != head_size:
+        raise ConfigError(f"{path.name}: RoPE over {rotated} of each head's {head_size} dimensions is not supported", param="model")
+    scaling = reader.get(f"{arch}.rope.scaling.type") or "none"
+    if scaling not in ("none", "linear"):
+        raise ConfigError(f"{path.name}: unsupported RoPE scaling {scaling!r}; supported: none, linear", param="model")
+    factors = tensors.get("rope_freqs.weight")
     return ModelConfig(
         name=reader.get("general.name") or path.stem,
         vocab_size=reader.get(f"{arch}.vocab_size") or len(tokens),
@@ -119,15 +129,22 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
         num_layers=reader.get(f"{arch}.block_count"),
         num_heads=num_heads,
         num_kv_heads=reader.get(f"{arch}.attention.head_count_kv") or num_heads,
-        head_size=reader.get(f"{arch}.attention.key_length") or reader.get(f"{arch}.rope.dimension_count") or hidden // num_heads,
+        head_size=head_size,
         rope_theta=float(reader.get(f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(reader.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position_embeddings=reader.get(f"{arch}.context_length", 2048),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        head_norm="blk.0.attn_q_norm.weight" in names,
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        head_norm="blk.0.attn_q_norm.weight" in tensors,
         eos_token_ids=token_ids(reader.get("tokenizer.ggml.eos_token_id"), reader.get("tokenizer.ggml.eot_token_id")),
+        rope_scaling={"rope_type": "linear", "factor": float(reader.get(f"{arch}.rope.scaling.factor"))} if scaling == "linear" else None,
+        rope_frequency_factors=_rope_factors(factors, path) if factors is not None else None,
     )
+
+
+def _rope_factors(tensor: TensorInfo, path: Path) -> tuple[float, ...]:
+    """``rope_freqs.weight``, which llama.cpp's converter writes for Llama 3's scaled RoPE."""
+    return tuple(gguf.quants.dequantize(tensor_data(tensor, path), gguf.GGMLQuantizationType(tensor.ggml_type)).ravel().tolist())
 
 
 Loaders = dict[str, Callable[[], Weight]]

@@ -19,8 +19,12 @@ from hetero_executor_torch.quantized import Linear, Weight, concat, make_linear
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     half = config.head_size // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, half, dtype=torch.float64) / half))
-    scaling = config.rope_scaling
-    if scaling:  # Llama 3.1 frequency-dependent scaling
+    if config.rope_frequency_factors is not None:  # GGUF's rope_freqs, as llama.cpp applies them
+        return (inv_freq / torch.tensor(config.rope_frequency_factors, dtype=torch.float64)).float()
+    scaling = config.rope_scaling or {"rope_type": "default"}
+    if scaling["rope_type"] == "linear":
+        inv_freq = inv_freq / scaling["factor"]
+    elif scaling["rope_type"] == "llama3":  # Llama 3.1's frequency-dependent scaling
         factor = scaling["factor"]
         low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
         original = scaling.get("original_max_position_embeddings", 8192)

@@ -14,6 +14,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")  # RoPE scalings the forward pass computes
 
 
 @attrs.frozen
@@ -32,7 +33,8 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False
     eos_token_ids: tuple[int, ...] = ()  # every id that ends generation
-    rope_scaling: Mapping[str, Any] | None = None
+    rope_scaling: Mapping[str, Any] | None = None  # Hugging Face's, of a type in ROPE_TYPES
+    rope_frequency_factors: tuple[float, ...] | None = None  # GGUF's rope_freqs: each frequency divided by its factor
     head_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
 
     @classmethod
@@ -49,6 +51,9 @@ class ModelConfig:
         # transformers 5 writes RoPE's settings as rope_parameters; earlier versions as rope_theta and rope_scaling
         rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), Mapping) else {}
         scaling = config.get("rope_scaling") or rope
+        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, Mapping) else "default"
+        if rope_type not in ROPE_TYPES:
+            raise ConfigError(f"{name}: unsupported RoPE scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}", param="model")
         return cls(
             name=name,
             vocab_size=config["vocab_size"],
@@ -64,7 +69,7 @@ class ModelConfig:
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2" or bool(config.get("attention_bias", False)),
             eos_token_ids=token_ids(config.get("eos_token_id"), (generation or {}).get("eos_token_id")),
-            rope_scaling=scaling if isinstance(scaling, Mapping) and scaling.get("rope_type", scaling.get("type")) == "llama3" else None,
+            rope_scaling=dict(scaling, rope_type=rope_type) if rope_type != "default" else None,
             head_norm=SUPPORTED_ARCHITECTURES[architecture] == "qwen3",
         )
 

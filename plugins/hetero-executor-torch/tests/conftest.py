@@ -14,9 +14,15 @@ from hetero_core.engine import InferenceEngine
 torch.set_num_threads(2)
 
 
+LLAMA3_ROPE = {  # Llama 3.1's scaling, its original context short enough to scale some of a tiny head's frequencies
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+}
+
+
 def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0, intermediate_size: int = 96) -> Path:
     """A random 2-layer model with grouped-query attention, saved as config.json + safetensors (Qwen3's
-    heads are wider than ``hidden_size / num_attention_heads``, as its real models' are)."""
+    heads are wider than ``hidden_size / num_attention_heads``, as its real models' are; ``llama3`` is a
+    Llama with Llama 3.1's RoPE scaling)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(seed)
     common = dict(
@@ -40,6 +46,8 @@ def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = F
             for layer in model.model.layers:
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    elif architecture == "llama3":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, rope_scaling=dict(LLAMA3_ROPE, rope_theta=common["rope_theta"])))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     model.save_pretrained(folder, safe_serialization=True)
@@ -77,6 +85,18 @@ GGUF_LAYER_NAMES = {
 }
 
 
+def rope_divisors(folder: Path) -> Any:
+    """RoPE's unscaled frequencies over those transformers computes for the model in ``folder``."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    scaled, _ = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    half = scaled.numel()
+    theta = config.rope_parameters["rope_theta"] if getattr(config, "rope_parameters", None) else config.rope_theta
+    default = 1.0 / theta ** (torch.arange(half, dtype=torch.float32) / half)
+    return (default / scaled).numpy()
+
+
 def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
     """The model in ``folder`` (from :func:`write_tiny_model`) as a GGUF file, the way llama.cpp's
     converter writes one: its tensor names and metadata, a Llama's q/k rows interleaved for pairwise
@@ -105,6 +125,9 @@ def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     writer.add_eos_token_id(config["eos_token_id"])
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if scaling.get("rope_type") == "llama3":  # the converter's rope_freqs: each frequency's divisor
+        writer.add_tensor("rope_freqs.weight", rope_divisors(folder))
 
     def interleave(weight: np.ndarray, count: int) -> np.ndarray:  # llama.cpp's permute, undone by the loader
         return weight.reshape(count, 2, weight.shape[0] // count // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import gguf
 import numpy as np
 import pytest
@@ -56,6 +58,30 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     with pytest.raises(ConfigError, match="unsupported architecture"):
         TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float32")
+
+
+def test_a_rope_scaling_the_forward_pass_does_not_compute_is_refused(tmp_path) -> None:
+    config = {
+        "architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10,
+        "intermediate_size": 8, "num_hidden_layers": 1, "rope_scaling": {"type": "yarn", "factor": 4.0},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="unsupported RoPE scaling 'yarn'; supported: default, linear, llama3"):
+        TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float32")
+
+
+def test_a_gguf_rope_scaling_the_forward_pass_does_not_compute_is_refused(tmp_path) -> None:
+    writer = gguf.GGUFWriter(str(tmp_path / "yarn.gguf"), "qwen2")
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_tensor("token_embd.weight", np.zeros((10, 64), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ConfigError, match="yarn.gguf: unsupported RoPE scaling 'yarn'; supported: none, linear"):
+        TorchExecutor(EngineConfig(model=str(tmp_path / "yarn.gguf")), dtype="float32")
 
 
 def test_bad_dtype_is_a_clear_error(tmp_path) -> None:

@@ -23,7 +23,7 @@ def our_logits(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
     return executor.prefill_logits(ids, list(range(2, 2 + -(-len(ids) // 4))))
 
 
-ARCHITECTURES = [("llama", False), ("llama", True), ("qwen2", False), ("qwen3", False), ("qwen3", True)]
+ARCHITECTURES = [("llama", False), ("llama", True), ("llama3", False), ("qwen2", False), ("qwen3", False), ("qwen3", True)]
 
 
 @pytest.mark.parametrize("source", ["folder", "gguf"])
