@@ -52,6 +52,7 @@ from numba.extending import intrinsic, overload
 
 from hetero_kernels import cpu_scores, host, simd
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32, NO_DECODE_TABLE, WIDEN_BFLOAT16
+from hetero_kernels.elements import load
 
 _OPTIONS = dict(fastmath=True, cache=True)
 NEGLIGIBLE = np.float32(-60.0)  # scores this far under a head's maximum get weight 0
@@ -59,17 +60,6 @@ SPLIT_BELOW_TOKENS = 4
 PREFETCH_AHEAD = 16  # positions
 TILE_TOKENS = 8  # query tokens a prefill work item takes at once
 CACHE_LINE = 64  # bytes
-
-
-@intrinsic
-def _bfloat16_to_float32(typingctx, bits):
-    """The float32 whose top 16 bits are ``bits`` (a uint16): exactly the bfloat16 value."""
-
-    def codegen(context, builder, signature, args):
-        wide = builder.zext(args[0], ir.IntType(32))
-        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
-
-    return types.float32(bits), codegen
 
 
 @intrinsic
@@ -152,20 +142,6 @@ def _exp_in_range(x):
         + r * (np.float32(1 / 2) + r * (np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * np.float32(1 / 720)))))
     )
     return series * _power_of_two(np.int32(n))
-
-
-def _load(row, d, table):
-    """``row[d]`` as a float32 (compiled only, see the overload)."""
-    raise NotImplementedError
-
-
-@overload(_load, inline="always")
-def _load_overload(row, d, table):
-    if row.dtype != types.uint16:
-        return lambda row, d, table: np.float32(row[d])
-    if table.dtype == types.uint16:  # the WIDEN_BFLOAT16 marker
-        return lambda row, d, table: _bfloat16_to_float32(row[d])
-    return lambda row, d, table: table[row[d]]  # float16 bits through the decode table
 
 
 @njit(**_OPTIONS)
@@ -457,7 +433,7 @@ def _tile_scores(q, keys, values, rows, first_kv_head, per_kv_head, decode_table
                 qa, qb = simd.load_pair(q[r], slabs)
                 scores[r, p] += simd.total(simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))
             for d in range(paired, head_size):
-                scores[r, p] += q[r, d] * _load(key, base + d, decode_table)
+                scores[r, p] += q[r, d] * load(key, base + d, decode_table)
     return scores
 
 
@@ -497,7 +473,7 @@ def _tile_values(weights, values, rows, first_kv_head, per_kv_head, head_size, d
         for d in range(paired, head_size):
             total = np.float32(0.0)
             for p in range(count):
-                total += weights[r, p] * _load(values[rows[p]], base + d, decode_table)
+                total += weights[r, p] * load(values[rows[p]], base + d, decode_table)
             acc[r, d] = total
     return acc
 

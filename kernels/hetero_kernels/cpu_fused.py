@@ -33,68 +33,15 @@ rounded as they are written).
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
+from numba import njit, prange
 
-from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, _bfloat16_to_float32, _load, attend_span, exp, interleaved
+from hetero_kernels.cpu import SPLIT_BELOW_TOKENS, attend_span, exp, interleaved
 from hetero_kernels.dtypes import NO_DECODE_TABLE, WIDEN_BFLOAT16
+from hetero_kernels.elements import get, put, rounded
 
 _OPTIONS = dict(fastmath=True, cache=True)
 PARALLEL_FROM_ROWS = 32  # fewer rows of a norm cost less than waking the other threads
 SILU_ZERO_BELOW = np.float32(-88.0)  # below, silu(x) = x / (1 + exp(-x)) is under 1e-36 (torch gives 0 from -88.7: exp overflows)
-
-
-@intrinsic
-def _float32_to_bfloat16(typingctx, value):
-    """The bfloat16 nearest ``value`` (ties to even), as its uint16 bits."""
-
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        bits = builder.bitcast(args[0], i32)
-        odd = builder.and_(builder.lshr(bits, ir.Constant(i32, 16)), ir.Constant(i32, 1))
-        rounded = builder.add(builder.add(bits, ir.Constant(i32, 0x7FFF)), odd)
-        return builder.trunc(builder.lshr(rounded, ir.Constant(i32, 16)), ir.IntType(16))
-
-    return types.uint16(types.float32), codegen
-
-
-@njit(inline="always", **_OPTIONS)
-def _get(array, i):
-    """``array[i]`` as a float32: activations are float32 or bfloat16 bits, read as the cache is."""
-    return _load(array, i, WIDEN_BFLOAT16)
-
-
-def _put(array, i, value):
-    """``array[i] = value``, rounded to the array's dtype (compiled only, see the overload)."""
-    raise NotImplementedError
-
-
-@overload(_put, inline="always")
-def _put_overload(array, i, value):
-    if array.dtype == types.uint16:
-
-        def put_bits(array, i, value):
-            array[i] = _float32_to_bfloat16(value)
-
-        return put_bits
-
-    def put(array, i, value):
-        array[i] = value
-
-    return put
-
-
-def _rounded(value, like):
-    """``value`` rounded to the dtype of the array ``like`` (compiled only, see the overload)."""
-    raise NotImplementedError
-
-
-@overload(_rounded, inline="always")
-def _rounded_overload(value, like):
-    if like.dtype == types.uint16:
-        return lambda value, like: _bfloat16_to_float32(_float32_to_bfloat16(value))
-    return lambda value, like: value
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True)
@@ -113,10 +60,10 @@ def _normalize_row(hidden, delta, weight, eps, out, t):
     row = hidden[t]
     if delta is not None:
         for i in range(row.shape[0]):
-            row[i] += _get(delta[t], i)
+            row[i] += get(delta[t], i)
     inverse = np.float32(1.0) / np.sqrt(np.float32(_sum_of_squares(row) / row.shape[0]) + eps)
     for i in range(row.shape[0]):
-        _put(out[t], i, (row[i] * inverse) * weight[i])
+        put(out[t], i, (row[i] * inverse) * weight[i])
 
 
 @njit(**_OPTIONS)
@@ -156,9 +103,9 @@ def _rotate(dest, row, start, cos, sin, like):
     cos1, cos2, sin1, sin2 = cos[:half], cos[half:], sin[:half], sin[half:]
     dest1, dest2 = dest[:half], dest[half:]
     for d in range(half):
-        first, second = _get(x1, d), _get(x2, d)
-        _put(dest1, d, _rounded(_rounded(first * _get(cos1, d), like) + _rounded(-second * _get(sin1, d), like), like))
-        _put(dest2, d, _rounded(_rounded(second * _get(cos2, d), like) + _rounded(first * _get(sin2, d), like), like))
+        first, second = get(x1, d), get(x2, d)
+        put(dest1, d, rounded(rounded(first * get(cos1, d), like) + rounded(-second * get(sin1, d), like), like))
+        put(dest2, d, rounded(rounded(second * get(cos2, d), like) + rounded(first * get(sin2, d), like), like))
 
 
 @njit(inline="always", **_OPTIONS)
@@ -171,11 +118,13 @@ def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
     k_cache[block, offset, kv_head] = key
     value, source = v_cache[block, offset, kv_head], row[values : values + key.shape[0]]
     for d in range(source.shape[0]):  # indexed from 0, so the loop vectorises
-        _put(value, d, _get(source, d))
+        put(value, d, get(source, d))
 
 
 @njit(parallel=True, **_OPTIONS)
-def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, scale, decode_table, parts, spans):
+def rotary_decode_planned(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, scale, decode_table, parts, spans):
+    """:func:`rotary_decode_attention` with its plan (:func:`decode_plan`) given, callable from other
+    compiled kernels (:mod:`hetero_kernels.cpu_layer`)."""
     num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
     group, per_part = num_heads // num_kv_heads, num_kv_heads // parts
     items, heads = qkv.shape[0] * parts, per_part * group
@@ -199,7 +148,7 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
             for h in range(heads):
                 head, total = out[b, first_kv_head * group + h], sums[item, span, h]
                 for d in range(head_size):
-                    _put(head, d, acc[h, d] / total)
+                    put(head, d, acc[h, d] / total)
         else:
             partial[item, span] = acc
     for item in range(items if spans > 1 else 0):  # merging is little work: serially, without a second parallel region
@@ -218,7 +167,7 @@ def _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, co
                 value = np.float32(0.0)
                 for span in range(spans):
                     value += partial[item, span, h, d] * weights[span]
-                _put(head, d, value / total)
+                put(head, d, value / total)
 
 
 def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads: int, scale: float) -> None:
@@ -231,7 +180,7 @@ def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_t
     A work item is a sequence with all its heads; below ``SPLIT_BELOW_TOKENS`` sequences, one KV head
     over one of two halves of the positions (merged after), so that both threads get as much work."""
     plan = decode_plan(qkv.shape[0], k_cache)
-    _rotary_decode(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), *plan)
+    rotary_decode_planned(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), *plan)
 
 
 def decode_plan(sequences: int, k_cache) -> tuple:
@@ -271,6 +220,6 @@ def swiglu(gate_up, out):
     for t in prange(out.shape[0]):
         gate, up, dest = gate_up[t, :size], gate_up[t, size:], out[t]
         for i in range(size):
-            g = _get(gate, i)
+            g = get(gate, i)
             silu = g / (np.float32(1.0) + exp(-g)) if g > SILU_ZERO_BELOW else np.float32(0.0)
-            _put(dest, i, _rounded(silu, dest) * _get(up, i))
+            put(dest, i, rounded(silu, dest) * get(up, i))

@@ -38,7 +38,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetero_kernels import host
-from hetero_kernels.cpu_fused import _get, _put
+from hetero_kernels.elements import get, put
 
 GROUP_SIZE = 32
 PAIR = 2 * GROUP_SIZE  # inputs per 64-byte vector: two groups
@@ -137,7 +137,7 @@ _LANES = _vector(_I32, 16)  # one 512-bit register as vpdpbusd sees it
 _FLOATS = _vector(_F32, 16)
 
 
-def _load(builder: ir.IRBuilder, array, index: ir.Value, count: int, vector: ir.Type) -> ir.Value:
+def load(builder: ir.IRBuilder, array, index: ir.Value, count: int, vector: ir.Type) -> ir.Value:
     """``count`` elements of ``array`` from element ``index``, read as one ``vector`` (unaligned)."""
     address = builder.gep(array.data, [builder.mul(index, ir.Constant(_I64, count))])
     return builder.load(builder.bitcast(address, vector.as_pointer()), align=1)
@@ -182,21 +182,21 @@ def _make_dot(eight_bit: bool):
 
         def pair(p):
             if eight_bit:  # q + 128, unsigned: the sign bit flipped
-                q = builder.bitcast(builder.xor(_load(builder, row, p, 64, _vector(_I8, 64)), ir.Constant(_vector(_I8, 64), [-128] * 64)), _LANES)
-                lower = builder.call(dot_bytes, [zero_lanes, q, _load(builder, lows, p, 64, _LANES)])
+                q = builder.bitcast(builder.xor(load(builder, row, p, 64, _vector(_I8, 64)), ir.Constant(_vector(_I8, 64), [-128] * 64)), _LANES)
+                lower = builder.call(dot_bytes, [zero_lanes, q, load(builder, lows, p, 64, _LANES)])
             else:
-                packed = _load(builder, row, p, 32, _vector(_I8, 32))
+                packed = load(builder, row, p, 32, _vector(_I8, 32))
                 first = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
                 second = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
                 q = builder.bitcast(builder.shuffle_vector(first, second, ir.Constant(_vector(_I32, 64), list(range(64)))), _LANES)
-                lower = builder.call(dot_bytes, [zero_lanes, _load(builder, lows, p, 64, _LANES), q])
-            upper = builder.call(dot_bytes, [zero_lanes, q, _load(builder, highs, p, 64, _LANES)])
+                lower = builder.call(dot_bytes, [zero_lanes, load(builder, lows, p, 64, _LANES), q])
+            upper = builder.call(dot_bytes, [zero_lanes, q, load(builder, highs, p, 64, _LANES)])
             sums = builder.sitofp(builder.add(builder.shl(upper, ir.Constant(_LANES, [8] * 16)), lower), _FLOATS)
             if halves:
-                weight = builder.fpext(builder.bitcast(_load(builder, scales, p, 4, _vector(ir.IntType(16), 4)), _vector(ir.HalfType(), 4)), four)
+                weight = builder.fpext(builder.bitcast(load(builder, scales, p, 4, _vector(ir.IntType(16), 4)), _vector(ir.HalfType(), 4)), four)
             else:
-                weight = _load(builder, scales, p, 4, four)
-            factors = builder.fmul(weight, _load(builder, steps, p, 4, four))
+                weight = load(builder, scales, p, 4, four)
+            factors = builder.fmul(weight, load(builder, steps, p, 4, four))
             return builder.fadd(builder.fmul(sums, spread(factors, 0), flags=["fast"]), spread(factors, 2), flags=["fast"])
 
         total = _sum_over(builder, pairs, pair)
@@ -234,7 +234,7 @@ def _quantize(x, high, low, factors, signed_low):
         start = g * GROUP_SIZE
         largest, total = np.float32(0.0), np.float32(0.0)
         for j in range(start, start + GROUP_SIZE):
-            value = _get(x, j)
+            value = get(x, j)
             largest, total = max(largest, abs(value)), total + value
         if largest < SMALLEST_STEP * limit:
             largest = np.float32(0.0)  # such a group weighs nothing next to float32 rounding; its sum still counts
@@ -242,7 +242,7 @@ def _quantize(x, high, low, factors, signed_low):
         inverse = limit / largest if largest > 0 else np.float32(0.0)
         quantized = 0
         for j in range(start, start + GROUP_SIZE):
-            v = np.int32(np.rint(_get(x, j) * inverse))
+            v = np.int32(np.rint(get(x, j) * inverse))
             quantized += v
             if signed_low:
                 below = ((v + 128) & 255) - 128
@@ -277,7 +277,7 @@ def matmul(x, weights, factors, out):
     high, low, token_factors = _quantize_rows(x, False)
     for r in prange(weights.shape[0]):
         for t in range(x.shape[0]):
-            _put(out[t], r, _dot(weights[r], high[t], low[t], factors[r], token_factors[t]))
+            put(out[t], r, _dot(weights[r], high[t], low[t], factors[r], token_factors[t]))
 
 
 @njit(parallel=True, **_OPTIONS)
@@ -287,4 +287,4 @@ def matmul8(x, weights, factors, out):
     high, low, token_factors = _quantize_rows(x, True)
     for r in prange(weights.shape[0]):
         for t in range(x.shape[0]):
-            _put(out[t], r, _dot8(weights[r], high[t], low[t], factors[r], token_factors[t]))
+            put(out[t], r, _dot8(weights[r], high[t], low[t], factors[r], token_factors[t]))

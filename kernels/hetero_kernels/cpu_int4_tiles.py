@@ -39,7 +39,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from hetero_kernels import host
-from hetero_kernels.cpu_fused import _get
+from hetero_kernels.elements import get
 
 GROUP_SIZE = 32
 OUTPUTS = 16  # outputs per work item: one float32 vector
@@ -186,7 +186,7 @@ def matmul(x, packed, factors, out):
         for g in range(groups):
             total = np.float32(0.0)
             for j in range(g * GROUP_SIZE, (g + 1) * GROUP_SIZE):
-                total += _get(x[t], j)
+                total += get(x[t], j)
             sums[t, g] = total
     full, rest = steps // TILE_ROWS, steps % TILE_ROWS
     tiles_of_rows = full + (rest > 0)

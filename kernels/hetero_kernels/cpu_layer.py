@@ -15,7 +15,7 @@ from numba import njit, types
 from numba.extending import overload
 
 from hetero_kernels import cpu_int4, cpu_int4_tiles
-from hetero_kernels.cpu_fused import _rotary_decode, normalize_rows, swiglu
+from hetero_kernels.cpu_fused import normalize_rows, rotary_decode_planned, swiglu
 
 
 def _matmul(x, packed, factors, out):
@@ -49,7 +49,7 @@ def decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, attenti
     qkv, attended, projected, gate_up, mlp = buffers
     (qkv_bytes, qkv_factors), (o_bytes, o_factors), (gate_up_bytes, gate_up_factors), (down_bytes, down_factors) = weights
     _matmul(x, qkv_bytes, qkv_factors, qkv)
-    _rotary_decode(attended, qkv, *attention)
+    rotary_decode_planned(attended, qkv, *attention)
     _matmul(attended.reshape(x.shape[0], -1), o_bytes, o_factors, projected)
     normalize_rows(stream, projected, post_norm, eps, x)
     _matmul(x, gate_up_bytes, gate_up_factors, gate_up)

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from hetero_kernels.cpu_fused import _put
+from hetero_kernels.elements import put
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32
 
 GROUP_SIZE = 32
@@ -64,9 +64,9 @@ def _unpack4(packed, factors, rows, out, table):
             m0, m1 = _factor(factors, row, pair, 2, table), _factor(factors, row, pair, 3, table)
             base, first = pair * PAIR, pair * GROUP_SIZE
             for j in range(GROUP_SIZE):  # two passes of contiguous stores, which vectorize
-                _put(line, base + j, np.float32(packed[row, first + j] & 15) * s0 + m0)
+                put(line, base + j, np.float32(packed[row, first + j] & 15) * s0 + m0)
             for j in range(GROUP_SIZE):
-                _put(line, base + GROUP_SIZE + j, np.float32(packed[row, first + j] >> 4) * s1 + m1)
+                put(line, base + GROUP_SIZE + j, np.float32(packed[row, first + j] >> 4) * s1 + m1)
 
 
 @njit(parallel=True, **_OPTIONS)
@@ -78,7 +78,7 @@ def _unpack8(packed, factors, rows, out, table):
                 scale, minimum = _factor(factors, row, pair, half, table), _factor(factors, row, pair, 2 + half, table)
                 base = pair * PAIR + half * GROUP_SIZE
                 for j in range(base, base + GROUP_SIZE):
-                    _put(line, j, np.float32(np.int32(packed[row, j]) + 128) * scale + minimum)
+                    put(line, j, np.float32(np.int32(packed[row, j]) + 128) * scale + minimum)
 
 
 def unpack4(packed: np.ndarray, factors: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:

@@ -148,8 +148,9 @@ class TorchExecutor:
         path = resolve_model_path(config.model)
         model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():
-            fused = fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype, model_config)
-            self.model = LlamaModel(model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, fused, dense_copy)
+            self.model = LlamaModel(model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, dense_copy)
+            if fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype, model_config):
+                self.model.fused = fused_layers.FusedLayers(self.model)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from hetero_core.errors import ConfigError
 from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
-from hetero_executor_torch.fused_layers import FusedLayers
 from hetero_executor_torch.loading import Loaders
 from hetero_executor_torch.model_config import ModelConfig
 from hetero_executor_torch.quantized import Linear, Weight, concat, make_linear
@@ -57,6 +56,12 @@ class Layer:
         self.down = linear([take("mlp.down_proj.weight")], None)
 
 
+class LayerStack(Protocol):
+    def hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor: ...
+
+
 class LlamaModel:
     """Weights plus a forward pass over a flattened batch of prefill chunks and decodes."""
 
@@ -68,7 +73,6 @@ class LlamaModel:
         device: torch.device,
         attention: Callable[..., torch.Tensor] = paged_attention,
         weight_format: str = "dense",
-        fused: bool = False,
         dense_copy: bool = False,
     ) -> None:
         self.config = config
@@ -103,7 +107,8 @@ class LlamaModel:
         self.kv_size = config.num_kv_heads * config.head_size
         self.scale = config.head_size**-0.5
         self.inv_freq = rope_inverse_frequencies(config).to(device)
-        self.fused = FusedLayers(self) if fused else None
+        # a faster strategy for the same function (fused_layers.FusedLayers), set by whoever runs the model
+        self.fused: LayerStack | None = None
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, [T, 1, head_size], in ``dtype`` (the compute dtype by default)."""
@@ -156,8 +161,8 @@ class LlamaModel:
         float32 model to transformers bf16's (``benchmarks/quality.py``; figures
         in ``benchmarks/README.md``).
 
-        With ``fused``, the same function runs through fused CPU kernels
-        (:mod:`hetero_executor_torch.fused_layers`).
+        This is the reference; with ``fused`` set, the same function runs through
+        it instead (:mod:`hetero_executor_torch.fused_layers`' CPU kernels).
         """
         if self.fused is not None:
             return self.fused.hidden_states(input_ids, positions, attention, kv_caches)
