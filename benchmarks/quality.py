@@ -175,8 +175,11 @@ def main() -> None:
         import transformers
 
         for dtype in (torch.bfloat16, torch.float32):
-            dense = transformers.GgufConfig(dequantize=True)
-            hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense)
+            if model.is_dir():  # a Hugging Face folder
+                hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
+            else:
+                dense = transformers.GgufConfig(dequantize=True)
+                hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense)
             hf = hf.to(device).eval()
             started = time.monotonic()
             with torch.inference_mode():
