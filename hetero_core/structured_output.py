@@ -159,7 +159,13 @@ class StructuredOutputBackend(Protocol):
     """
 
     def compile(self, constraint: StructuredOutput) -> Any:
-        """A compiled grammar for ``constraint``; raises ``ValidationError`` naming what is wrong with it."""
+        """A compiled grammar for ``constraint``; raises ``ValidationError`` naming what is wrong with it.
+
+        A constraint that no text satisfies, or whose first step already fails
+        (its first mask is empty, or a token that mask allows cannot be
+        accepted), is refused here rather than failing every sample at its
+        first token; so is one that passes a bound of the backend, naming it.
+        """
         ...
 
     def new_matcher(self, compiled: Any) -> GrammarMatcher:

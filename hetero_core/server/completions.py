@@ -9,9 +9,10 @@ streams server-sent events that end with ``[DONE]``; a failure after the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -31,18 +32,29 @@ def add_generation_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
-        return await _generate(service, request, body, CompletionFormat, completion_inputs(body, backend, service.config), "cmpl")
+        with _naming_the_constraint(body.constraint_field):
+            return await _generate(service, request, body, CompletionFormat, completion_inputs(body, backend, service.config), "cmpl")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
-        try:
+        field = "tools" if body.tool_use.is_forced else body.constraint_field  # forced calls' grammar is built from the tools
+        with _naming_the_constraint(field):
             return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
-        except ValidationError as exc:
-            if exc.param == "structured_output" and body.tool_use.is_forced:  # the grammar is built from the tools
-                reason = exc.message.split("cannot be used: ", 1)[-1]
-                raise APIError(400, f"a function's parameters schema cannot be used: {reason}", param="tools") from exc
+
+
+@contextlib.contextmanager
+def _naming_the_constraint(field: str | None) -> Iterator[None]:
+    """A constraint the grammar engine refuses at submission is a 400 naming the request field it came from."""
+    try:
+        yield
+    except ValidationError as exc:
+        if exc.param != "structured_output" or field is None:
             raise
+        reason = exc.message.removeprefix("structured_output: ")
+        if field == "tools":
+            reason = f"a function's parameters schema cannot be used: {reason.split('cannot be used: ', 1)[-1]}"
+        raise APIError(400, reason, param=field) from exc
 
 
 async def _generate(service: Service, request: Request, body: Any, format_class: type, prepare: Prepare, id_prefix: str) -> Any:

@@ -14,7 +14,7 @@ Two sources at once are a 400 naming the second, never a silent choice.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,7 +97,21 @@ class ConstraintFields(BaseModel):
 
     def structured_output(self) -> StructuredOutput | None:
         """The one constraint the body names, if any (a 400 naming the field when it names two)."""
-        sources: list[tuple[str, Any]] = []
+        sources = self._constraint_sources()
+        if len(sources) > 1:
+            raise APIError(
+                400, f"{sources[1][0]} and {sources[0][0]} both constrain the output: give one", param=sources[1][0]
+            )
+        return sources[0][1]() if sources else None
+
+    @property
+    def constraint_field(self) -> str | None:
+        """The field the body's constraint comes from (what a 400 about the constraint names)."""
+        sources = self._constraint_sources()
+        return sources[0][0] if sources else None
+
+    def _constraint_sources(self) -> list[tuple[str, Callable[[], StructuredOutput]]]:
+        sources: list[tuple[str, Callable[[], StructuredOutput]]] = []
         if self.response_format is not None and self.response_format.type != "text":
             sources.append(("response_format", self.response_format.constraint))
         if self.structured_outputs is not None:
@@ -106,11 +120,7 @@ class ConstraintFields(BaseModel):
             value = getattr(self, f"guided_{kind}")
             if value is not None:
                 sources.append((f"guided_{kind}", lambda kind=kind, value=value: constraint_of(kind, value)))
-        if len(sources) > 1:
-            raise APIError(
-                400, f"{sources[1][0]} and {sources[0][0]} both constrain the output: give one", param=sources[1][0]
-            )
-        return sources[0][1]() if sources else None
+        return sources
 
     def token_bias(self) -> dict[int, float]:
         """``logit_bias`` with its keys (token ids as JSON strings of ASCII digits, as OpenAI sends them) as ints."""

@@ -10,11 +10,16 @@ import llguidance
 import numpy as np
 
 from hetero_core.errors import ExecutionError, ValidationError
+from hetero_core.logs import get_logger
 from hetero_core.protocols import Tokenizer
-from hetero_core.structured_output import ConstraintKind, StructuredOutput, num_bitmask_words
+from hetero_core.structured_output import ConstraintKind, StructuredOutput, allowed_token_ids, num_bitmask_words
+from hetero_structured_llguidance.limits import GrammarLimits, passed_bound, refusal
 from hetero_structured_llguidance.vocabulary import llguidance_tokenizer
 
 ANY_JSON_OBJECT = {"type": "object"}
+FIRST_TOKENS_TRIED = 8  # at compile time, allowed first tokens each taken on a copy
+
+log = get_logger(__name__)
 
 
 class LLGuidanceMatcher:
@@ -39,7 +44,10 @@ class LLGuidanceMatcher:
             return self._matcher.is_accepting() and self._matcher.consume_token(token_id)
         if self._matcher.validate_tokens([token_id]) != 1:
             return False
-        return self._matcher.consume_token(token_id)
+        if not self._matcher.consume_token(token_id):  # allowed, but taking it passed a bound of the grammar engine
+            log.error("grammar matcher failed on an allowed token", token_id=token_id, error=self._matcher.get_error())
+            return False
+        return True
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens and not self._matcher.rollback(num_tokens):
@@ -63,18 +71,37 @@ class LLGuidanceBackend:
       writes it (``", "`` and ``": "``), which keeps small models from wandering
       into runs of blank lines.
     - ``max_cached_grammars``: how many compiled constraints to keep (least
-      recently used ones are dropped).
+      recently used ones are dropped); a refused constraint is kept too, so
+      asking again is refused at once.
+    - the bounds of :class:`~hetero_structured_llguidance.limits.GrammarLimits`.
+
+    A constraint is refused at compile time (a ``ValidationError``) when no
+    text satisfies it or its first step already fails: after the text it
+    forces first, its first mask is empty or fails, or a token that mask
+    allows (up to ``FIRST_TOKENS_TRIED`` of them, spread over the allowed
+    ids) cannot be taken and followed by the next mask. A sample's mask and
+    what it may take then agree from the first token on.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, whitespace_flexible: bool = False, max_cached_grammars: int = 256) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        whitespace_flexible: bool = False,
+        max_cached_grammars: int = 256,
+        limits: GrammarLimits | None = None,
+    ) -> None:
         self._tokenizer = llguidance_tokenizer(tokenizer)
+        self._vocab_size = tokenizer.vocab_size
         self._num_words = num_bitmask_words(tokenizer.vocab_size)
         self._eos_token_id = tokenizer.eos_token_id
         self._json_options = (
             {} if whitespace_flexible else {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
         )
         self._max_cached = max_cached_grammars
-        self._cache: OrderedDict[StructuredOutput, llguidance.LLMatcher] = OrderedDict()
+        self.limits = limits or GrammarLimits()
+        self._parser_limits = self.limits.parser_limits()
+        self._cache: OrderedDict[StructuredOutput, llguidance.LLMatcher | ValidationError] = OrderedDict()
         self._lock = threading.Lock()
 
     def compile(self, constraint: StructuredOutput) -> llguidance.LLMatcher:
@@ -83,18 +110,48 @@ class LLGuidanceBackend:
             template = self._cache.get(constraint)
             if template is not None:
                 self._cache.move_to_end(constraint)
-                return template
-        template = llguidance.LLMatcher(self._tokenizer, self._grammar(constraint), log_level=0)
-        if template.is_error():
-            raise ValidationError(
-                f"structured_output: the {constraint.kind.value} cannot be used: {template.get_error().strip()}",
-                param="structured_output",
-            )
-        with self._lock:
-            self._cache[constraint] = template
-            if len(self._cache) > self._max_cached:
-                self._cache.popitem(last=False)
+        if template is None:
+            try:
+                template = self._build(constraint)
+            except ValidationError as exc:
+                template = exc
+            with self._lock:
+                self._cache[constraint] = template
+                if len(self._cache) > self._max_cached:
+                    self._cache.popitem(last=False)
+        if isinstance(template, ValidationError):  # a fresh one each time, not one growing traceback
+            raise ValidationError(template.message, param=template.param)
         return template
+
+    def _build(self, constraint: StructuredOutput) -> llguidance.LLMatcher:
+        what = f"the {constraint.kind.value}"
+        template = llguidance.LLMatcher(self._tokenizer, self._grammar(constraint), log_level=0, limits=self._parser_limits)
+        if template.is_error():
+            raise refusal(what, template.get_error(), self.limits)
+        self._check_first_step(template, what)
+        return template
+
+    def _check_first_step(self, template: llguidance.LLMatcher, what: str) -> None:
+        """Refuse a grammar that fails at its first token, which every sample would then fail on."""
+        first = template.deep_copy()
+        first.consume_tokens(first.compute_ff_tokens())  # text the grammar forces first (a tool call's head)
+        if first.is_error():
+            raise refusal(what, first.get_error(), self.limits)
+        mask = np.zeros(self._num_words, dtype=np.int32)
+        first.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+        allowed = allowed_token_ids(mask, self._vocab_size)
+        if first.is_error() and passed_bound(first.get_error()) is not None:
+            raise refusal(what, first.get_error(), self.limits)
+        if first.is_error() or allowed.size == 0:  # llguidance finds no token to go on with
+            raise ValidationError(f"structured_output: no text satisfies {what}", param="structured_output")
+        allowed = allowed[allowed != self._eos_token_id]
+        spread = np.unique(np.linspace(0, allowed.size - 1, min(FIRST_TOKENS_TRIED, allowed.size)).astype(int))
+        for token_id in allowed[spread]:  # the first, the last and some between
+            probe = first.deep_copy()  # as a sample takes it: after its mask
+            if probe.consume_token(int(token_id)):
+                probe.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
+            if probe.is_error():
+                raise refusal(what, probe.get_error(), self.limits)
 
     def new_matcher(self, compiled: llguidance.LLMatcher) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(compiled.deep_copy(), self._num_words, self._eos_token_id)
