@@ -3,7 +3,9 @@
 A request names at most one constraint, through exactly one of:
 
 - ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}``,
-  or ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``;
+  or ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``
+  (with ``strict: true`` objects hold only the keys they list: see
+  :mod:`hetero_core.server.strict`);
 - ``structured_outputs`` (vLLM): one of ``json`` (a schema), ``json_object``,
   ``regex``, ``choice``, ``grammar``;
 - vLLM's older fields ``guided_json``, ``guided_regex``, ``guided_choice``,
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hetero_core.server.errors import APIError
 from hetero_core.server.fields import STRICT
+from hetero_core.server.strict import strict_schema
 from hetero_core.structured_output import StructuredOutput
 
 STRICT_BY_NAME = ConfigDict(**STRICT, populate_by_name=True)
@@ -31,7 +34,7 @@ class JsonSchemaFormat(BaseModel):
     name: str | None = None
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None  # the schema is always enforced, strict or not
+    strict: bool | None = None  # the schema is enforced either way; strict also closes its objects
 
 
 class ResponseFormat(BaseModel):
@@ -47,7 +50,8 @@ class ResponseFormat(BaseModel):
             return StructuredOutput.json_object()
         if self.json_schema is None or self.json_schema.schema_ is None:
             raise APIError(400, "response_format of type json_schema needs json_schema.schema", param="response_format")
-        return StructuredOutput.json_schema(self.json_schema.schema_)
+        schema = self.json_schema.schema_
+        return StructuredOutput.json_schema(strict_schema(schema) if self.json_schema.strict else schema)
 
 
 class StructuredOutputs(BaseModel):

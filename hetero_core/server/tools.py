@@ -14,7 +14,9 @@ with tools, ``none`` without):
 
 Forced calls are generated in the default ``<tool_call>`` convention of
 :mod:`hetero_core.tool_prompt`, constrained by a Lark grammar that embeds each
-function's schema, so any model's output parses into valid calls.
+function's schema, so any model's output parses into valid calls; a function
+with ``strict: true`` has its schema's objects closed to the keys they list
+(:mod:`hetero_core.server.strict`).
 OpenAI's deprecated ``functions`` and ``function_call`` are refused with a
 400 that points to ``tools`` and ``tool_choice``.
 """
@@ -29,11 +31,12 @@ from pydantic import BaseModel, Field, field_validator
 
 from hetero_core.server.errors import APIError
 from hetero_core.server.fields import STRICT, JSONObject, Text
+from hetero_core.server.strict import strict_schema
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
-NO_PARAMETERS = {"type": "object", "properties": {}}
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # no arguments
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes it
 
 
@@ -43,7 +46,7 @@ class FunctionDefinition(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     description: Text | None = None
     parameters: JSONObject | None = None
-    strict: bool | None = None  # forced calls are always schema-valid; auto calls are never constrained
+    strict: bool | None = None  # forced calls are schema-valid either way; strict also closes the schema's objects
 
     @field_validator("parameters")
     @classmethod
@@ -138,8 +141,8 @@ def calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
     rules = ['start: call ("\\n" call)*' if several else "start: call", "call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
     for number, function in enumerate(functions):
         schema = dict(function.parameters if function.parameters is not None else NO_PARAMETERS)
-        if "properties" in schema:  # only the declared parameters, as OpenAI's strict mode has it
-            schema.setdefault("additionalProperties", False)
+        if function.strict:
+            schema = strict_schema(schema)
         schema["x-guidance"] = COMPACT_JSON
         head = f'{TOOL_CALL_OPEN}\n{{"name": "{function.name}", "arguments": '
         rules.append(f"call_{number}: {json.dumps(head)} args_{number} {json.dumps('}' + chr(10) + TOOL_CALL_CLOSE)}")

@@ -57,6 +57,23 @@ def test_json_keys_come_in_the_order_of_the_schema(client) -> None:
     assert list(value) == ["reasoning", "answer"] and list(value["answer"]) == ["value", "unit"]
 
 
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_keeps_out_keys_the_schema_does_not_list(client, model_server, strict) -> None:
+    schema = {"type": "object", "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["digit"]}
+    tokenizer = model_server.engine.tokenizer
+    more_keys = {str(tokenizer.encode(text, add_special_tokens=False)[0]): 100 for text in (",", ", ")}  # another key, if allowed
+    completion = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Pick a digit, as JSON."}], max_tokens=24, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "digit", "schema": schema, "strict": strict}},
+        logit_bias=more_keys,
+    )
+    text = completion.choices[0].message.content
+    if strict:  # OpenAI's strict mode: no keys but the listed ones
+        assert list(json.loads(text)) == ["digit"] and completion.choices[0].finish_reason == "stop", text
+    else:  # JSON Schema as written: other keys are allowed
+        assert re.match(r'\{"digit": \d, "', text), text
+
+
 def test_json_object_streams_one_object(client) -> None:
     stream = client.chat.completions.create(
         model="smollm2", messages=CITY, response_format={"type": "json_object"}, max_tokens=120, temperature=0, stream=True

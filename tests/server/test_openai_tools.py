@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import jsonschema
@@ -76,6 +77,22 @@ def test_a_named_function_streams_valid_arguments(client) -> None:
     check("get_time", "".join(part.function.arguments or "" for part in parts))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(chunk.choices[0].delta.content for chunk in chunks)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_strict_function_gets_only_its_listed_arguments(client, model_server, strict) -> None:
+    pick = {"name": "pick", "parameters": {"type": "object", "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["digit"]}}
+    tokenizer = model_server.engine.tokenizer
+    more_keys = {str(tokenizer.encode(text, add_special_tokens=False)[0]): 100 for text in (",", ", ")}  # another key, if allowed
+    response = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Pick a digit."}], max_tokens=40, temperature=0, logit_bias=more_keys,
+        tools=[{"type": "function", "function": {**pick, "strict": strict}}], tool_choice={"type": "function", "function": {"name": "pick"}},
+    )
+    (call,) = response.choices[0].message.tool_calls
+    if strict:  # OpenAI's strict mode: no arguments but the listed ones
+        assert list(json.loads(call.function.arguments)) == ["digit"], call.function.arguments
+    else:  # JSON Schema as written: other keys are allowed
+        assert re.match(r'\{"digit": \d, "', call.function.arguments), call.function.arguments
 
 
 def test_a_tool_conversation_renders_into_the_prompt(client, model_server) -> None:
