@@ -13,8 +13,10 @@ a buffer it reuses:
 - :func:`unpack8` reads :func:`cpu_int4.pack8 <hetero_kernels.cpu_int4.pack8>`'s:
   one signed byte per input, ``w = scale * (q + 128) + minimum``.
 
-Factors are ``[out, pairs, 4]`` (each pair's two scales, then two minimums),
-float32 or float16 bits (``uint16``), widened exactly through a table.
+Factors are ``[out, pairs, 4]`` (each pair's two scales, then two minimums)
+or, for 8-bit groups of 16, ``[out, pairs, 2, 4]`` (four scales, four
+minimums), float32 or float16 bits (``uint16``), widened exactly through a
+table.
 The arithmetic is one float32 multiply-add per weight, as
 :meth:`GroupQuantized.dequantize` computes it; bfloat16 outputs round to
 nearest even. Plain Numba: it runs on any CPU, the portable path of every
@@ -71,13 +73,15 @@ def _unpack4(packed, factors, rows, out, table):
 
 @njit(parallel=True, **_OPTIONS)
 def _unpack8(packed, factors, rows, out, table):
+    groups = factors.shape[2] // 2  # in a pair: two of 32 inputs or four of 16
+    size = PAIR // groups
     for i in prange(rows.shape[0]):
         row, line = rows[i], out[i]
         for pair in range(factors.shape[1]):
-            for half in range(2):
-                scale, minimum = _factor(factors, row, pair, half, table), _factor(factors, row, pair, 2 + half, table)
-                base = pair * PAIR + half * GROUP_SIZE
-                for j in range(base, base + GROUP_SIZE):
+            for group in range(groups):
+                scale, minimum = _factor(factors, row, pair, group, table), _factor(factors, row, pair, groups + group, table)
+                base = pair * PAIR + group * size
+                for j in range(base, base + size):
                     put(line, j, np.float32(np.int32(packed[row, j]) + 128) * scale + minimum)
 
 
@@ -89,4 +93,4 @@ def unpack4(packed: np.ndarray, factors: np.ndarray, rows: np.ndarray, out: np.n
 
 def unpack8(packed: np.ndarray, factors: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """The same for 8-bit weights packed by ``cpu_int4.pack8``."""
-    _unpack8(packed, factors, rows, out, FLOAT16_BITS_TO_FLOAT32)
+    _unpack8(packed, factors.reshape(factors.shape[0], factors.shape[1], -1), rows, out, FLOAT16_BITS_TO_FLOAT32)

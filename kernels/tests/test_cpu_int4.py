@@ -68,25 +68,30 @@ def test_float32_activations_within_their_quantization_bound(tokens: int, rows: 
     rows=st.integers(1, 40),
     pairs=st.integers(1, 4),
     magnitude=st.sampled_from([1e-3, 1.0, 300.0]),
+    group=st.sampled_from([GROUP, cpu_int4.FINE_GROUP_SIZE]),
+    with_offset=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_8_bit_weights_within_the_same_bound(tokens: int, rows: int, pairs: int, magnitude: float, seed: int) -> None:
+def test_8_bit_weights_within_the_same_bound(tokens: int, rows: int, pairs: int, magnitude: float, group: int, with_offset: bool, seed: int) -> None:
     """GGUF's Q8_0 (``scale * q``, ``q`` in -128..127, float16 scales) in one call, the activations'
-    largest magnitude at 32639 (their low byte is signed here)."""
+    largest magnitude at 32639 (their low byte is signed here); and with an offset per group, in
+    groups of 32 (Q5_1's) or 16 (Q6_K's and Q2_K's)."""
     rng = np.random.default_rng(seed)
     size = pairs * cpu_int4.PAIR
     q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
     q[0, :GROUP] = -128  # the extremes
     q[-1, -GROUP:] = 127
-    scale = (rng.random((rows, size // GROUP)) * 0.02).astype(np.float16).astype(np.float32)
-    weights, factors = cpu_int4.pack8(q, scale)
-    assert factors.dtype == np.uint16  # -128 * a float16 scale is a float16 too
+    scale = (rng.random((rows, size // group)) * 0.02).astype(np.float16).astype(np.float32)
+    offset = (rng.standard_normal(scale.shape) * 0.01).astype(np.float32) if with_offset else np.zeros_like(scale)
+    weights, factors = cpu_int4.pack8(q, scale, offset if with_offset else None)
+    assert factors.dtype == (np.float32 if with_offset else np.uint16)  # -128 * a float16 scale is a float16 too
+    assert factors.shape == ((rows, pairs, 4) if group == GROUP else (rows, pairs, 2, 4))
     x = (rng.standard_normal((tokens, size)) * magnitude).astype(np.float32)
     x[0, :GROUP] = 0
     x[-1, -1] *= 1e4
     out = np.empty((tokens, rows), np.float32)
     cpu_int4.matmul8(x, weights, factors, out)
-    dense_weights = (q.reshape(rows, -1, GROUP) * scale[..., None].astype(np.float64)).reshape(rows, size)
+    dense_weights = (q.reshape(rows, -1, group) * scale[..., None].astype(np.float64) + offset[..., None]).reshape(rows, size)
     assert np.all(np.abs(out - x.astype(np.float64) @ dense_weights.T) <= bound(x, dense_weights, 32639))
 
 
@@ -117,6 +122,8 @@ def test_packing_needs_whole_pairs_of_groups() -> None:
         cpu_int4.pack(np.zeros((2, 96), np.uint8), np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match="multiple of 64"):
         cpu_int4.pack8(np.zeros((2, 96), np.int8), np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="groups must be 32 or 16 inputs"):
+        cpu_int4.pack8(np.zeros((2, 64), np.int8), np.ones((2, 8), np.float32))
 
 
 def test_factors_are_packed_as_float16_exactly_when_every_one_fits() -> None:

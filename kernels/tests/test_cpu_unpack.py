@@ -49,17 +49,22 @@ def test_4_bit_rows_widen_to_each_weights_value(rows: int, pairs: int, exact_hal
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.integers(1, 9), pairs=st.integers(1, 4), with_offset=st.booleans(), seed=st.integers(0, 2**16))
-def test_8_bit_rows_widen_to_each_weights_value(rows: int, pairs: int, with_offset: bool, seed: int) -> None:
+@given(rows=st.integers(1, 9), pairs=st.integers(1, 4), with_offset=st.booleans(), fine=st.booleans(), seed=st.integers(0, 2**16))
+def test_8_bit_rows_widen_to_each_weights_value(rows: int, pairs: int, with_offset: bool, fine: bool, seed: int) -> None:
+    """In groups of 32, or of 16 (``pack8``'s finer factors)."""
     rng = np.random.default_rng(seed)
-    size = pairs * 2 * GROUP
+    size, group = pairs * 2 * GROUP, GROUP // 2 if fine else GROUP
     q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
-    scale = (rng.random((rows, size // GROUP)) * 0.02).astype(np.float16).astype(np.float32)
+    scale = (rng.random((rows, size // group)) * 0.02).astype(np.float16).astype(np.float32)
     offset = (rng.standard_normal(scale.shape) * 0.01).astype(np.float32) if with_offset else None
     packed, factors = cpu_int4.pack8(q, scale, offset)
-    minimum = grouped(np.float32(-128.0) * scale + (0 if offset is None else offset))
-    product = (q.astype(np.float32) + 128) * grouped(scale)  # the packed form's own arithmetic
-    reference = q.astype(np.float64) * grouped(scale) + (0 if offset is None else grouped(offset))
+
+    def grouped_by(values):  # per input
+        return np.repeat(values, group, axis=1)
+
+    minimum = grouped_by(np.float32(-128.0) * scale + (0 if offset is None else offset))
+    product = (q.astype(np.float32) + 128) * grouped_by(scale)  # the packed form's own arithmetic
+    reference = q.astype(np.float64) * grouped_by(scale) + (0 if offset is None else grouped_by(offset))
     out = np.empty((rows, size), np.float32)
     cpu_unpack.unpack8(packed, factors, np.arange(rows, dtype=np.int64), out)
     assert_one_rounding_apart(out, product, minimum)

@@ -1,8 +1,8 @@
-"""GGUF's quantized blocks read as groups of 32 weights, exactly, for the packed kernels.
+"""GGUF's quantized blocks read as groups of 32 (or 16) weights, exactly, for the packed kernels.
 
-Every type here stores, per group of 32 consecutive inputs of a row, whole
-numbers and at most two float factors that a group shares, so it maps
-without rounding onto one of the two forms the packed linear layers run:
+Every type here stores, per group of 32 (or 16) consecutive inputs of a row,
+whole numbers and at most two float factors that a group shares, so it maps
+without rounding onto one of the three forms the packed linear layers run:
 
 - 4-bit (:class:`~hetero_executor_torch.quantized.GroupQuantized`,
   ``w = scale * q + minimum``, ``q`` 0..15): Q4_0, Q4_1, and Q4_K, whose
@@ -13,11 +13,13 @@ without rounding onto one of the two forms the packed linear layers run:
   Q5_1 and Q5_K (``q`` 0..31 and an offset); IQ4_NL (``q`` from its
   16-entry table); Q3_K, whose two 16-weight halves of a group have their
   own 6-bit scales: ``(sc - 32) * q3`` lies in -124..128, stored as that
-  less one with ``offset = d``.
+  less one with ``offset = d``;
+- 8-bit in groups of 16 (:class:`~hetero_executor_torch.quantized.FineQuantized`,
+  ``w = scale * q + offset``): Q6_K (``q - 32``, ``scale = d * sc`` with its
+  signed 8-bit ``sc``) and Q2_K (``q`` 0..3, ``scale = d * (sc & 15)``,
+  ``offset = -dmin * (sc >> 4)``), whose scales change every 16 inputs.
 
-Q6_K and Q2_K give each half of a group its own scale (and Q2_K its own
-minimum), which neither form holds: they, and any other type, return None
-here and load dense.
+Any other type returns None here and loads dense.
 
 Layouts, bytes per block (``gguf.quants`` is the reference for each):
 
@@ -37,6 +39,11 @@ Q5_K        176    as Q4_K, with 32 bytes of fifth bits (bit g of byte l: input 
 Q3_K        110    32 bytes of high bits (bit k of byte l: input 32k + l); 64 bytes
                    of 2-bit values (chunk c of 32 bytes, shift 2s: input 128c +
                    32s + l); 12 bytes of 6-bit codes; f16 d
+Q6_K        210    128 bytes of low nibbles (chunk c of 64 bytes, shift 4s: input
+                   128c + 64s + l); 64 bytes of high 2 bits (chunk c of 32 bytes,
+                   shift 2s: input 128c + 32s + l); 16 int8 scales; f16 d
+Q2_K        84     16 bytes of codes (low nibble scale, high nibble minimum); 64
+                   bytes of 2-bit values laid out as Q3_K's; f16 d, f16 dmin
 ==========  =====  ===============================================================
 """
 
@@ -46,7 +53,7 @@ import gguf
 import numpy as np
 import torch
 
-from hetero_executor_torch.quantized import GROUP_SIZE, GroupQuantized, SplitQuantized
+from hetero_executor_torch.quantized import GROUP_SIZE, FineQuantized, GroupQuantized, SplitQuantized
 
 T = gguf.GGMLQuantizationType
 IQ4_NL_VALUES = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
@@ -74,17 +81,22 @@ def _k_nibbles(packed: np.ndarray) -> np.ndarray:
     return (chunks & 15).reshape(-1, 8, 32)
 
 
-def group_form(data: np.ndarray, kind: T) -> GroupQuantized | SplitQuantized | None:
+def group_form(data: np.ndarray, kind: T) -> GroupQuantized | SplitQuantized | FineQuantized | None:
     """A tensor's raw blocks (``[rows, bytes per row]``) in its exact group form, or None where it has none."""
     rows = data.shape[0]
+
+    def tensors(*arrays: np.ndarray) -> list[torch.Tensor]:
+        return [torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1)) for a in arrays]
+
     four = _four_bit(data, kind)
     if four is not None:
-        q, scale, minimum = four
-        return GroupQuantized(*(torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1)) for a in (q, scale, minimum)))
+        return GroupQuantized(*tensors(*four))
     eight = eight_bit(data, kind)
     if eight is not None:
-        q, scale, offset = (torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1)) for a in eight)
-        return SplitQuantized.from_q8(q, scale, offset)
+        return SplitQuantized.from_q8(*tensors(*eight))
+    fine = fine_eight_bit(data, kind)
+    if fine is not None:
+        return FineQuantized(*tensors(*fine))
     return None
 
 
@@ -130,9 +142,8 @@ def eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.nda
         return q, _f16(blocks, 0) * codes, -_f16(blocks, 2) * mins
     if kind == T.Q3_K:
         blocks = data.reshape(-1, 110)
-        low = (blocks[:, 32:96].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3
         high = (blocks[:, None, :32] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-        q3 = low.reshape(-1, 256).astype(np.int16) - 4 * (1 - high.reshape(-1, 256).astype(np.int16))
+        q3 = _two_bit(blocks[:, 32:96]).astype(np.int16) - 4 * (1 - high.reshape(-1, 256).astype(np.int16))
         scales = _q3_k_scales(blocks[:, 96:108])  # [blocks, 16], -32..31
         value = np.repeat(scales, 16, axis=1) * q3  # -124..128
         d = _f16(blocks, 108)
@@ -147,3 +158,26 @@ def _q3_k_scales(codes: np.ndarray) -> np.ndarray:
     low = (codes[:, None, :8] >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)).reshape(-1, 16) & 15
     high = (codes[:, None, 8:12] >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)).reshape(-1, 16) & 3
     return (low | (high << 4)).astype(np.int16) - 32
+
+
+def _two_bit(packed: np.ndarray) -> np.ndarray:
+    """Q2_K's and Q3_K's 64 bytes of 2-bit values as 256 inputs: chunk c of 32 bytes, shift 2s, is
+    inputs 128c + 32s .. + 31."""
+    return ((packed.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
+
+
+def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(q, scale, offset)``: ``q`` int8 per input, ``w = scale * q + offset`` with the factors per group
+    of 16 (``[blocks, 16]``); None for types other than Q6_K and Q2_K."""
+    if kind == T.Q6_K:
+        blocks = data.reshape(-1, 210)
+        low = ((blocks[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 15).reshape(-1, 256)
+        high = ((blocks[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
+        q = (low | (high << 4)).astype(np.int8) - np.int8(32)
+        scale = _f16(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+        return q, scale, np.zeros_like(scale)
+    if kind == T.Q2_K:
+        blocks = data.reshape(-1, 84)
+        codes = blocks[:, :16]
+        return _two_bit(blocks[:, 16:80]).astype(np.int8), _f16(blocks, 80) * (codes & 15), -_f16(blocks, 82) * (codes >> 4)
+    return None

@@ -2,9 +2,11 @@
 
 GGUF tensors whose type has an exact group form
 (:mod:`~hetero_executor_torch.gguf_blocks`: Q4_0, Q4_1, Q4_K as 4-bit
-groups, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, Q3_K as 8-bit ones) arrive in it
-when the caller keeps weights quantized; the rest are dequantized with the
-``gguf`` package (Q2_K and Q6_K with a warning naming the type). llama.cpp's
+groups, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, Q3_K as 8-bit ones, Q6_K and Q2_K as
+8-bit groups of 16) arrive in it when the caller keeps weights quantized;
+the rest are dequantized with the ``gguf`` package. A quantized type that
+ends up dense (Q8_K; Q6_K and Q2_K where ``hetero_kernels.cpu_int4`` does
+not run) is named in a warning with its size. llama.cpp's
 converter permutes the rows of the q and k projections so that RoPE rotates
 adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
 (rotate-half RoPE, as Hugging Face computes it) serves both sources. RoPE's
@@ -19,6 +21,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+import attrs
 import gguf
 import numpy as np
 import structlog
@@ -30,14 +33,15 @@ from hetero_core.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 from hetero_core.model_source import parse
 from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
-from hetero_executor_torch.quantized import GroupQuantized, SplitQuantized, Weight
+from hetero_executor_torch.quantized import FineQuantized, GroupQuantized, SplitQuantized, Weight, fine_groups_run_packed
 
 log = structlog.get_logger()
 
 T = gguf.GGMLQuantizationType
 PACKED_TYPES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K}  # see gguf_blocks
-DENSE_ONLY_TYPES = {T.Q2_K, T.Q6_K, T.Q8_K}  # quantized, but loaded dense (with a warning)
-GGUF_TYPES = PACKED_TYPES | DENSE_ONLY_TYPES | {T.F32, T.F16, T.BF16}
+FINE_TYPES = {T.Q2_K, T.Q6_K}  # in groups of 16: packed where fine_groups_run_packed()
+DENSE_ONLY_TYPES = {T.Q8_K}  # quantized, but loaded dense (with a warning)
+GGUF_TYPES = PACKED_TYPES | FINE_TYPES | DENSE_ONLY_TYPES | {T.F32, T.F16, T.BF16}
 
 GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -71,8 +75,8 @@ _TYPE_NUMBERS = {kind.value for kind in gguf.GGMLQuantizationType}
 def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
     if isinstance(weight, SplitQuantized):
         return SplitQuantized(unpermute_weight(weight.high, num_heads), unpermute_weight(weight.low, num_heads))
-    if isinstance(weight, GroupQuantized):
-        return GroupQuantized(*(torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads))) for t in (weight.q, weight.scale, weight.minimum)))
+    if isinstance(weight, (GroupQuantized, FineQuantized)):
+        return type(weight)(*(torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads))) for t in attrs.astuple(weight, recurse=False)))
     return torch.from_numpy(np.ascontiguousarray(unpermute(weight.numpy(), num_heads)))
 
 
@@ -171,6 +175,7 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Lo
     permuted = reader.get("general.architecture") == "llama"
     loaders: Loaders = {}
     dense_only: dict[str, int] = {}
+    dense_types = DENSE_ONLY_TYPES if fine_groups_run_packed() else DENSE_ONLY_TYPES | FINE_TYPES
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
         if name is None:
@@ -178,7 +183,7 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Lo
         kind = gguf.GGMLQuantizationType(tensor.ggml_type) if tensor.ggml_type in _TYPE_NUMBERS else None
         if kind not in GGUF_TYPES:
             raise ConfigError(f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}", param="model")
-        if keep_quantized and kind in DENSE_ONLY_TYPES:
+        if keep_quantized and kind in dense_types:
             dense_only[kind.name] = dense_only.get(kind.name, 0) + int(np.prod(tensor_shape(tensor)))
         heads = (config.num_heads if "q_proj" in name else config.num_kv_heads if "k_proj" in name else 0) if permuted else 0
         loaders[name] = functools.partial(_read_gguf_tensor, tensor, kind, path, keep_quantized, heads)

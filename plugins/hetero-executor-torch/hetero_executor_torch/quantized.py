@@ -15,6 +15,8 @@ are and widened inside torch's CPU kernels:
   -128..127) run as the sum of two such int4 weights, the high and the low
   nibble of each ``q`` (:class:`SplitQuantized`): exact again, twice the
   int4 work, still far fewer bytes than bf16.
+- 8-bit groups of 16 (GGUF's Q6_K and Q2_K, :class:`FineQuantized`) run on
+  ``hetero_kernels.cpu_int4`` alone (below); without it they are dense.
 - ``int8``: one symmetric scale per output channel
   (``_weight_int8pack_mm``); offered for dense checkpoints.
 
@@ -49,6 +51,7 @@ import torch.nn.functional as F
 from hetero_executor_torch.kernel_attention import kernel_array
 
 GROUP_SIZE = 32
+FINE_GROUP_SIZE = 16
 WEIGHT_FORMATS = ("auto", "dense", "int8", "int4")
 
 
@@ -129,7 +132,30 @@ class SplitQuantized:
         return cls(GroupQuantized.cat([p.high for p in parts]), GroupQuantized.cat([p.low for p in parts]))
 
 
-Weight = torch.Tensor | GroupQuantized | SplitQuantized
+@attrs.frozen
+class FineQuantized:
+    """8-bit weights ``scale * q + offset`` with one scale and one offset per group of 16 inputs (GGUF's
+    Q6_K and Q2_K). Only ``hetero_kernels.cpu_int4`` multiplies them packed; torch's int4 kernel takes
+    groups of 32 and more."""
+
+    q: torch.Tensor  # [out, in] int8
+    scale: torch.Tensor  # [out, in // FINE_GROUP_SIZE] float32
+    offset: torch.Tensor  # [out, in // FINE_GROUP_SIZE] float32
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        grouped = self.q.float().view(self.q.shape[0], -1, FINE_GROUP_SIZE)
+        return (grouped * self.scale[..., None] + self.offset[..., None]).view(self.q.shape)
+
+    @classmethod
+    def cat(cls, parts: list[FineQuantized]) -> FineQuantized:
+        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.offset for p in parts]))
+
+
+Weight = torch.Tensor | GroupQuantized | SplitQuantized | FineQuantized
 
 
 def as_dense(weight: Weight) -> torch.Tensor:
@@ -143,13 +169,24 @@ def as_eight_bit(weight: GroupQuantized | SplitQuantized) -> SplitQuantized:
     return SplitQuantized.from_q8(weight.q.to(torch.int8), weight.scale, weight.minimum)
 
 
+def as_fine(weight: GroupQuantized | SplitQuantized | FineQuantized) -> FineQuantized:
+    """Groups of 32 as groups of 16, exactly: each group's factors twice."""
+    if isinstance(weight, FineQuantized):
+        return weight
+    eight = as_eight_bit(weight)
+    return FineQuantized(eight.bytes(), *(f.repeat_interleave(2, dim=1) for f in (eight.scale, eight.offset)))
+
+
 def concat(parts: list[Weight]) -> Weight:
     """Weights stacked along the output dimension, kept quantized when every part is quantized: 4-bit
-    parts beside 8-bit ones (a file mixing types, such as Q4_K_M's) join in the 8-bit form."""
+    parts beside 8-bit ones (a file mixing types, such as Q4_K_M's) join in the 8-bit form, and beside
+    groups of 16 in those."""
     if all(isinstance(p, GroupQuantized) for p in parts):
         return GroupQuantized.cat(parts)
     if all(isinstance(p, (GroupQuantized, SplitQuantized)) for p in parts):
         return SplitQuantized.cat([as_eight_bit(p) for p in parts])
+    if all(isinstance(p, (GroupQuantized, SplitQuantized, FineQuantized)) for p in parts):
+        return FineQuantized.cat([as_fine(p) for p in parts])
     return torch.cat([as_dense(p) for p in parts])
 
 
@@ -288,13 +325,15 @@ class SplitInt4Weights(Int4Weights):
 
 
 class VnniInt8Weights(KernelInt4Weights):
-    """:class:`SplitQuantized` weights whole again, ``scale * q + offset`` with ``q`` in -128..127,
-    for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per weight byte, half the work of
-    the two int4 halves. For float32 or bfloat16 activations and inputs a multiple of 64."""
+    """:class:`SplitQuantized` weights whole again, ``scale * q + offset`` with ``q`` in -128..127, or
+    :class:`FineQuantized` ones, for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per
+    weight byte, half the work of the two int4 halves. For float32 or bfloat16 activations and inputs
+    a multiple of 64."""
 
-    def __init__(self, weight: SplitQuantized, kernel: Any) -> None:
+    def __init__(self, weight: SplitQuantized | FineQuantized, kernel: Any) -> None:
         self.multiply, self.out_features = kernel.matmul8, weight.shape[0]
-        self.packed, self.factors = kernel.pack8(weight.bytes().numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
+        q = weight.q if isinstance(weight, FineQuantized) else weight.bytes()
+        self.packed, self.factors = kernel.pack8(q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
 
 
 class Int8Weights:
@@ -458,6 +497,12 @@ def unpack_kernels() -> tuple[Any, Any] | None:
         return None
 
 
+def fine_groups_run_packed() -> bool:
+    """Whether :class:`FineQuantized` weights run packed on this host (``hetero_kernels.cpu_int4`` runs
+    here); elsewhere they are widened to dense ones at load."""
+    return vnni_kernel(torch.float32, torch.device("cpu"), 2 * GROUP_SIZE) is not None and unpack_kernels() is not None
+
+
 def four_bit_rows(weight: GroupQuantized, vnni: VnniInt4Weights | None) -> KernelRows | None:
     """The widening of 4-bit weights: from the VNNI kernel's bytes where it holds them, else from the
     same layout packed for it; None without the kernels or for inputs not a multiple of 64."""
@@ -497,6 +542,14 @@ def make_linear(
     ``dense_copy`` or where they cannot be widened a tile at a time."""
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
+    if weight_format == "int4" and isinstance(weight, FineQuantized):
+        kernel = vnni_kernel(dtype, device, weight.shape[1])
+        if kernel is None or unpack_kernels() is None:
+            return DenseLinear(weight.dequantize().to(device=device, dtype=dtype), bias, table)
+        packed = VnniInt8Weights(weight, kernel)
+        rows = KernelRows(unpack_kernels()[1].unpack8, packed.packed, packed.factors)
+        dense = weight.dequantize().to(dtype) if dense_copy else None
+        return PackedLinear(packed, weight.shape, dtype, bias, VNNI_MAX_ROWS, table, rows=rows, dense=dense)
     if weight_format == "int4" and isinstance(weight, SplitQuantized):
         kernel = vnni_kernel(dtype, device, weight.shape[1])
         if kernel is not None:

@@ -19,7 +19,9 @@ LLAMA3_ROPE = {  # Llama 3.1's scaling, its original context short enough to sca
 }
 
 
-def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0, intermediate_size: int = 96) -> Path:
+def write_tiny_model(
+    folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0, intermediate_size: int = 96, hidden_size: int = 64
+) -> Path:
     """A random 2-layer model with grouped-query attention, saved as config.json + safetensors (Qwen3's
     heads are wider than ``hidden_size / num_attention_heads``, as its real models' are; ``llama3`` is a
     Llama with Llama 3.1's RoPE scaling)."""
@@ -27,7 +29,7 @@ def write_tiny_model(folder: Path, *, architecture: str = "llama", tie: bool = F
     torch.manual_seed(seed)
     common = dict(
         vocab_size=259,  # the simple tokenizer's
-        hidden_size=64,
+        hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -97,11 +99,35 @@ def rope_divisors(folder: Path) -> Any:
     return (default / scaled).numpy()
 
 
+def quantize_q6_k(weights: Any) -> Any:
+    """float32 ``[rows, in]`` (``in`` a multiple of 256) as Q6_K blocks, by rounding to nearest (gguf's
+    Python package dequantizes Q6_K but cannot quantize to it): each 16 inputs' scale a signed byte
+    times the block's f16 ``d``, each input ``q`` 0..63 for ``q - 32``, laid out as ``gguf.quants``
+    reads them."""
+    import numpy as np
+
+    rows = weights.shape[0]
+    groups = weights.reshape(-1, 16, 16).astype(np.float64)
+    group_scale = np.abs(groups).max(-1) / 31
+    d = (group_scale.max(-1) / 127).astype(np.float16)
+    unit = np.where(d == 0, 1.0, d.astype(np.float64))
+    sc = np.clip(np.rint(group_scale / unit[:, None]), 1, 127)
+    q = (np.clip(np.rint(groups / (unit[:, None] * sc)[..., None]), -32, 31) + 32).astype(np.uint8).reshape(-1, 2, 128)
+    low = q & 15  # chunk c, input 64s + l: byte 64c + l, nibble s
+    ql = (low[:, :, :64] | (low[:, :, 64:] << 4)).reshape(-1, 128)
+    top = (q >> 4).reshape(-1, 2, 4, 32)  # chunk c, input 32s + l: byte 32c + l, bits 2s
+    qh = (top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)).reshape(-1, 64)
+    blocks = np.concatenate([ql, qh, sc.astype(np.int8).view(np.uint8), d.reshape(-1, 1).view(np.uint8)], axis=1)
+    return blocks.reshape(rows, -1)
+
+
 def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
     """The model in ``folder`` (from :func:`write_tiny_model`) as a GGUF file, the way llama.cpp's
     converter writes one: its tensor names and metadata, a Llama's q/k rows interleaved for pairwise
-    RoPE, linear weights in ``weight_type`` (a ``gguf.GGMLQuantizationType`` gguf can quantize to;
-    float32 by default), norms and biases in float32."""
+    RoPE, linear weights in ``weight_type`` (a ``gguf.GGMLQuantizationType`` gguf can quantize to,
+    or Q6_K; Q8_0 for rows not a whole number of its blocks; float32 by default), norms and biases in
+    float32."""
+    import functools
     import json
 
     import gguf
@@ -143,7 +169,10 @@ def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
         if arch == "llama" and ".attn_q." in target or arch == "llama" and ".attn_k." in target:
             tensor = interleave(tensor, heads if ".attn_q." in target else kv_heads)
         if weight_type is not None and tensor.ndim == 2:
-            writer.add_tensor(target, gguf.quants.quantize(tensor, weight_type), raw_dtype=weight_type)
+            # as llama.cpp's quantizer does, Q8_0 where a row is not a whole number of the type's blocks
+            kind = weight_type if tensor.shape[1] % gguf.GGML_QUANT_SIZES[weight_type][0] == 0 else gguf.GGMLQuantizationType.Q8_0
+            quantize = quantize_q6_k if kind == gguf.GGMLQuantizationType.Q6_K else functools.partial(gguf.quants.quantize, qtype=kind)
+            writer.add_tensor(target, quantize(tensor), raw_dtype=kind)
         else:
             writer.add_tensor(target, tensor)
     writer.write_header_to_file()

@@ -181,12 +181,14 @@ def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model)
     assert float((packed - reference).abs().mean()) < float((rounded - reference).abs().mean())
 
 
-@pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_1"])
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_1", "Q6_K"])
 def test_8_bit_layers_in_one_call_compute_their_kernels_calls(int4_ready_model, tmp_path, weight_type: str) -> None:
-    """A GGUF's 8-bit groups (Q8_0; Q5_1 with its offsets) run in the one-call layer on ``cpu_int4.matmul8``,
-    equal to the same kernels called one by one."""
+    """A GGUF's 8-bit groups (Q8_0; Q5_1 with its offsets; Q6_K's groups of 16, in a model wide enough
+    for its blocks of 256) run in the one-call layer on ``cpu_int4.matmul8``, equal to the same kernels
+    called one by one."""
     gguf = pytest.importorskip("gguf")
-    path = write_tiny_gguf(int4_ready_model, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
+    model = int4_ready_model if weight_type != "Q6_K" else write_tiny_model(tmp_path / "wide", hidden_size=256, intermediate_size=256)
+    path = write_tiny_gguf(model, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
     executor = TorchExecutor(EngineConfig(model=str(path)), dtype="float32", weights="int4", device="cpu", attention="numba")
     if executor.model.fused.vnni_rows == 0:
         pytest.skip("no VNNI kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")

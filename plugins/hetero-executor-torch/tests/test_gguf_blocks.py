@@ -7,9 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from hetero_executor_torch.gguf_blocks import eight_bit, group_form
-from hetero_executor_torch.loading import DENSE_ONLY_TYPES, PACKED_TYPES
-from hetero_executor_torch.quantized import GroupQuantized, PackedLinear, SplitInt4Weights, SplitQuantized, concat, make_linear
+from hetero_executor_torch.gguf_blocks import eight_bit, fine_eight_bit, group_form
+from hetero_executor_torch.loading import FINE_TYPES, PACKED_TYPES
+from hetero_executor_torch.quantized import (
+    DenseLinear,
+    FineQuantized,
+    GroupQuantized,
+    PackedLinear,
+    SplitInt4Weights,
+    SplitQuantized,
+    concat,
+    fine_groups_run_packed,
+    make_linear,
+)
 
 from .test_quantized import activation_steps, assert_within
 
@@ -36,35 +46,35 @@ def reference(raw: np.ndarray, kind: T) -> np.ndarray:
     return gguf.quants.dequantize(raw, kind).astype(np.float32)
 
 
-@pytest.mark.parametrize("kind", sorted(PACKED_TYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", sorted(PACKED_TYPES | FINE_TYPES), ids=lambda k: k.name)
 def test_each_packed_type_reads_back_exactly_what_gguf_dequantizes(kind: T) -> None:
     raw = random_blocks(kind, rows=4, inputs=512, seed=int(kind))
     expected = reference(raw, kind)
-    eight = eight_bit(raw, kind)
-    if eight is not None:  # the 8-bit values and factors are exact
-        q, scale, offset = (np.ascontiguousarray(a).reshape(4, -1) for a in eight)
-        groups = lambda a: np.repeat(a, 32, axis=1)  # noqa: E731
-        np.testing.assert_array_equal(q.astype(np.float32) * groups(scale) + groups(offset), expected)
+    eight, fine = eight_bit(raw, kind), fine_eight_bit(raw, kind)
+    for values, size in ((eight, 32), (fine, 16)):
+        if values is not None:  # the 8-bit values and factors are exact
+            q, scale, offset = (np.ascontiguousarray(a).reshape(4, -1) for a in values)
+            groups = lambda a: np.repeat(a, size, axis=1)  # noqa: E731
+            np.testing.assert_array_equal(q.astype(np.float32) * groups(scale) + groups(offset), expected)
     form = group_form(raw, kind)
-    assert isinstance(form, SplitQuantized if eight is not None else GroupQuantized)
+    assert isinstance(form, SplitQuantized if eight is not None else FineQuantized if fine is not None else GroupQuantized)
     # the 4-bit form computes as gguf does; the 8-bit one sums its two halves, rounding once more
     np.testing.assert_allclose(form.dequantize().numpy(), expected, rtol=1e-6, atol=1e-6 * float(np.abs(expected).max()))
 
 
-@pytest.mark.parametrize("kind", sorted(DENSE_ONLY_TYPES - {T.Q8_K}), ids=lambda k: k.name)
-def test_types_with_no_group_form_have_none(kind: T) -> None:
-    assert group_form(random_blocks(kind, 2, 256, 0), kind) is None
+def test_a_type_with_no_group_form_has_none() -> None:
+    assert group_form(np.zeros((2, gguf.GGML_QUANT_SIZES[T.Q8_K][1]), np.uint8), T.Q8_K) is None
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 9])
-@pytest.mark.parametrize("kind", sorted(PACKED_TYPES), ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", sorted(PACKED_TYPES | FINE_TYPES), ids=lambda k: k.name)
 def test_each_packed_type_runs_as_it_dequantizes(kind: T, rows: int) -> None:
     """float32 activations: whichever kernel this CPU runs reproduces the dequantized float32 matmul
-    (up to the VNNI kernels' 16-bit activation steps)."""
+    (up to the VNNI kernels' 16-bit activation steps); groups of 16 run dense where that kernel does not."""
     raw = random_blocks(kind, rows=48, inputs=512, seed=int(kind) + 100)
     dense = torch.from_numpy(reference(raw, kind))
     linear = make_linear(group_form(raw, kind), None, "auto", torch.float32, CPU)
-    assert isinstance(linear, PackedLinear)
+    assert isinstance(linear, PackedLinear if kind not in FINE_TYPES or fine_groups_run_packed() else DenseLinear)
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows))
     assert_within(linear(x), x @ dense.T, activation_steps(x, dense, 32639), 1e-5)
 
@@ -77,6 +87,15 @@ def test_each_8_bit_type_runs_on_torchs_int4_kernel_as_two_halves(kind: T) -> No
     x = torch.randn(1, dense.shape[1], generator=torch.Generator().manual_seed(0))
     halves = SplitInt4Weights(group_form(raw, kind), torch.float32)
     torch.testing.assert_close(halves.matmul(x), x @ dense.T, rtol=1e-4, atol=1e-4 * float(dense.abs().max()))
+
+
+def test_parts_beside_groups_of_16_join_exactly_in_those() -> None:
+    """As a Q4_K_M file's q/k/v projection does: Q5_0 q and k beside a Q6_K v."""
+    parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate((T.Q5_0, T.Q4_K, T.Q6_K))]
+    joined = concat(parts)
+    assert isinstance(joined, FineQuantized)
+    expected = torch.cat([p.dequantize() for p in parts])
+    torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
 
 
 def test_4_bit_and_8_bit_parts_join_exactly_in_the_8_bit_form() -> None:
