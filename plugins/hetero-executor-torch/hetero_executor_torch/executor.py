@@ -73,14 +73,15 @@ def resolve_dtype(dtype: str, device: torch.device, gguf: bool = False) -> torch
     return DTYPES[dtype]
 
 
-def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype) -> str:
-    """``auto`` keeps a GGUF's 4-bit linears packed where the packed kernels pay (the CPU in bf16);
-    float32 stays dense, the exact reference."""
+def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype, dtype_option: str = "auto") -> str:
+    """``auto`` keeps a GGUF's quantized linears packed on the CPU: in bf16, and in the float32 that
+    ``dtype: auto`` picks on a CPU without fast bf16 (dense float32 would hold eight times a 4-bit
+    file). A ``dtype: float32`` asked for stays dense, the exact reference; CUDA runs dense."""
     if weights not in WEIGHT_FORMATS:
         raise ConfigError(f"executor option weights must be one of {', '.join(WEIGHT_FORMATS)}; got {weights!r}", param="weights")
     if weights in ("int8", "int4") and device.type != "cpu":
         raise ConfigError(f"executor option weights={weights!r} runs torch's CPU packed kernels; on {device} use 'dense'", param="weights")
-    if weights == "auto" and (device.type != "cpu" or dtype != torch.bfloat16):
+    if weights == "auto" and (device.type != "cpu" or dtype == torch.float32 and dtype_option != "auto"):
         return "dense"
     return weights
 
@@ -144,7 +145,7 @@ class TorchExecutor:
         self.dtype = resolve_dtype(dtype, self.device, gguf)
         self.kv_cache_dtype = self.dtype if kv_cache_dtype == "auto" else resolve_dtype(kv_cache_dtype, self.device)
         self.kv_cache_dtype = self.attention.configure(self.device, self.kv_cache_dtype)
-        self.weight_format = resolve_weight_format(weights, self.device, self.dtype)
+        self.weight_format = resolve_weight_format(weights, self.device, self.dtype, dtype)
         path = resolve_model_path(config.model)
         model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
         with torch.inference_mode():

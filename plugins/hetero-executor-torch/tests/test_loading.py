@@ -102,6 +102,19 @@ def test_auto_dtype_on_cuda_is_float16_for_a_gguf_and_bfloat16_for_a_checkpoint(
     assert executor.resolve_dtype("auto", torch.device("cpu"), gguf=True) == torch.bfloat16
 
 
+def test_auto_weights_stay_packed_on_the_cpu_unless_float32_is_asked_for() -> None:
+    """A CPU without fast bf16 gets float32 from ``dtype: auto``; its quantized weights stay packed there."""
+    import torch
+
+    from hetero_executor_torch.executor import resolve_weight_format
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_weight_format("auto", cpu, torch.bfloat16) == "auto"
+    assert resolve_weight_format("auto", cpu, torch.float32, dtype_option="auto") == "auto"
+    assert resolve_weight_format("auto", cpu, torch.float32, dtype_option="float32") == "dense"
+    assert resolve_weight_format("auto", cuda, torch.float16) == "dense"
+
+
 def test_every_end_of_sequence_id_of_config_and_generation_config_counts() -> None:
     from hetero_executor_torch.model_config import token_ids
 
