@@ -115,6 +115,7 @@ class ServerConfig:
     max_connections: int = attrs.field(default=1024, validator=_positive_int)  # open connections; the oldest idle one makes way
     read_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, low_open=True, error=ConfigError))  # to receive a request
     max_choices_per_request: int = attrs.field(default=256, validator=_positive_int)  # prompts x n in one request
+    max_response_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive_int)  # estimated from the request; a 400 beyond
     protect_metrics_and_docs: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))  # behind the API key too
 
     def __attrs_post_init__(self) -> None:

@@ -17,6 +17,7 @@ from hetero_core.params import GenerationParams
 from hetero_core.server.backend import ServingBackend
 from hetero_core.server.errors import APIError
 from hetero_core.server.generation import Input, Prepare
+from hetero_core.server.response_size import TEXT_BYTES_PER_TOKEN, chat_size, completion_size
 from hetero_core.protocols import Tokenizer
 from hetero_core.server.schemas import ChatCompletionRequest, ChatRendering, CompletionRequest
 from hetero_core.tool_prompt import inline_tools
@@ -36,6 +37,11 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
         _check_prompt_scoring(params, backend, "prompt_logprobs" if body.prompt_logprobs is not None else "echo")
         if params.prompt_logprobs is not None:  # the response names each prompt token
             inputs = [(backend.tokenizer.encode(p) if isinstance(p, str) else p, None) for p, _ in inputs]
+        size = completion_size(
+            [_prompt_size(p) for p, _ in inputs], n=params.n, max_tokens=params.max_tokens, logprobs=body.logprobs,
+            echo=body.echo, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
+        )
+        size.check(config.server.max_response_bytes)
         return inputs, params
 
     return prepare
@@ -68,6 +74,12 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
             params = attrs.evolve(params, structured_output=plan.constraint)
         _check_request_size(1, params, backend, config)
         _check_prompt_scoring(params, backend, "prompt_logprobs")
+        size = chat_size(
+            len(prompt or ()), n=params.n, max_tokens=max_tokens,
+            max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
+            top_logprobs=params.logprobs, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
+        )
+        size.check(config.server.max_response_bytes)
         return [(prompt, None) if prompt is not None else (None, messages)], params
 
     return prepare
@@ -105,6 +117,17 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
     if all(isinstance(p, int) for p in prompt):
         return [prompt]
     return list(prompt)
+
+
+def _prompt_size(prompt: str | Sequence[int]) -> tuple[int, int]:
+    """A prompt's (tokens, bytes of text) for :func:`completion_size`.
+
+    A text prompt's tokens count only when it is scored, and a scored prompt
+    has been encoded by then.
+    """
+    if isinstance(prompt, str):
+        return 0, len(prompt.encode())
+    return len(prompt), len(prompt) * TEXT_BYTES_PER_TOKEN
 
 
 def _check_prompt_scoring(params: GenerationParams, backend: ServingBackend, param: str) -> None:

@@ -8,11 +8,13 @@ logged 500 rather than an invalid JSON document.
 Prompt logprobs take two shapes. ``echo`` with ``logprobs`` on completions
 puts the prompt's tokens first in the legacy logprobs object, the first
 with a ``null`` logprob and ``null`` top alternatives (as OpenAI did).
-vLLM's ``prompt_logprobs: K`` adds a ``prompt_logprobs`` list (per choice on
-completions, on the response for chat): ``null`` for the first prompt
+vLLM's ``prompt_logprobs: K`` adds a ``prompt_logprobs`` list, once per
+prompt: on the first of its ``n`` choices on completions (the others carry
+``null``), on the response for chat. It holds ``null`` for the first prompt
 token, then per token ``{token_id: {"logprob", "rank", "decoded_token"}}``
 for the prompt token and the K most likely ones. Streamed, both come in
-the first chunk of each choice.
+the first chunk of a choice. The legacy object is per choice by its format,
+so ``echo`` repeats the prompt's logprobs in each.
 """
 
 from __future__ import annotations
@@ -118,8 +120,11 @@ class CompletionFormat:
             legacy["top_logprobs"].append({self.tokenizer.decode([t], skip_special_tokens=False): finite_logprob(lp) for t, lp in top})
 
     def _with_prompt_logprobs(self, payload: dict, choice: Choice) -> dict:
+        """vLLM's ``prompt_logprobs`` on the first choice of each prompt; ``null`` on its other ``n - 1`` choices."""
         if self.body.prompt_logprobs is not None:
-            payload["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, choice.prompt_logprobs, self.body.prompt_logprobs)
+            is_first_of_prompt = choice.index % self.generation.params.n == 0
+            scored = choice.prompt_logprobs if is_first_of_prompt else None
+            payload["prompt_logprobs"] = vllm_prompt_logprobs(self.tokenizer, scored, self.body.prompt_logprobs)
         return payload
 
     def chunk(self, choice: Choice, delta: StreamDelta) -> dict | None:
