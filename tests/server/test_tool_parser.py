@@ -100,14 +100,17 @@ def test_forced_arguments_stream_before_the_call_closes() -> None:
     assert parser.feed("}\n</tool_call>") == [CallDelta(0, "}")]
 
 
-def test_the_forced_call_grammar_admits_only_declared_parameters() -> None:
+def test_the_forced_call_grammar_admits_only_declared_parameters_of_a_strict_function() -> None:
     backend = LLGuidanceBackend(SimpleTokenizer())
-    declared = FunctionDefinition(name="get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}})
-    free = FunctionDefinition(name="get_time", parameters={"type": "object"})
+    schema = {"type": "object", "properties": {"zone": {"type": "string"}}}
+    strict = FunctionDefinition(name="get_time", parameters=schema, strict=True)
+    plain = FunctionDefinition(name="get_time", parameters=schema)
+    free = FunctionDefinition(name="get_time", parameters={"type": "object"}, strict=True)
 
     def accepts(function: FunctionDefinition, arguments: dict) -> bool:
         matcher = backend.new_matcher(backend.compile(StructuredOutput.grammar(calls_grammar([function], several=False))))
         return all(matcher.accept_token(t) for t in SimpleTokenizer().encode(tool_call_block("get_time", arguments), add_special_tokens=False))
 
-    assert accepts(declared, {"zone": "UTC"}) and not accepts(declared, {"zone": "UTC", "extra": 1})
+    assert accepts(strict, {"zone": "UTC"}) and not accepts(strict, {"zone": "UTC", "extra": 1})
+    assert accepts(plain, {"zone": "UTC", "extra": 1})  # JSON Schema as written
     assert accepts(free, {"anything": [1, 2]})
