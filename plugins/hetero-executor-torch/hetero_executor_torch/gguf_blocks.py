@@ -2,20 +2,19 @@
 
 Every type here stores, per group of 32 (or 16) consecutive inputs of a row,
 whole numbers and at most two float factors that a group shares, so it maps
-without rounding onto one of the three forms the packed linear layers run:
+without rounding onto one of the two forms the packed linear layers run:
 
 - 4-bit (:class:`~hetero_executor_torch.quantized.GroupQuantized`,
   ``w = scale * q + minimum``, ``q`` 0..15): Q4_0, Q4_1, and Q4_K, whose
   256-weight super-block holds eight groups of 32 with 6-bit scale and
   minimum codes (``scale = d * sc``, ``minimum = -dmin * m``);
-- 8-bit (:class:`~hetero_executor_torch.quantized.SplitQuantized`,
-  ``w = scale * q + offset``, ``q`` -128..127): Q8_0; Q5_0 (``q - 16``),
+- 8-bit (:class:`~hetero_executor_torch.quantized.ByteQuantized`,
+  ``w = scale * q + offset``, ``q`` -128..127), in groups of 32: Q8_0; Q5_0 (``q - 16``),
   Q5_1 and Q5_K (``q`` 0..31 and an offset); IQ4_NL (``q`` from its
   16-entry table); Q3_K, whose two 16-weight halves of a group have their
   own 6-bit scales: ``(sc - 32) * q3`` lies in -124..128, stored as that
   less one with ``offset = d``;
-- 8-bit in groups of 16 (:class:`~hetero_executor_torch.quantized.FineQuantized`,
-  ``w = scale * q + offset``): Q6_K (``q - 32``, ``scale = d * sc`` with its
+- 8-bit in groups of 16: Q6_K (``q - 32``, ``scale = d * sc`` with its
   signed 8-bit ``sc``) and Q2_K (``q`` 0..3, ``scale = d * (sc & 15)``,
   ``offset = -dmin * (sc >> 4)``), whose scales change every 16 inputs.
 
@@ -53,7 +52,7 @@ import gguf
 import numpy as np
 import torch
 
-from hetero_executor_torch.quantized import GROUP_SIZE, FineQuantized, GroupQuantized, SplitQuantized
+from hetero_executor_torch.quantized import GROUP_SIZE, ByteQuantized, GroupQuantized
 
 T = gguf.GGMLQuantizationType
 IQ4_NL_VALUES = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
@@ -81,7 +80,7 @@ def _k_nibbles(packed: np.ndarray) -> np.ndarray:
     return (chunks & 15).reshape(-1, 8, 32)
 
 
-def group_form(data: np.ndarray, kind: T) -> GroupQuantized | SplitQuantized | FineQuantized | None:
+def group_form(data: np.ndarray, kind: T) -> GroupQuantized | ByteQuantized | None:
     """A tensor's raw blocks (``[rows, bytes per row]``) in its exact group form, or None where it has none."""
     rows = data.shape[0]
 
@@ -92,12 +91,9 @@ def group_form(data: np.ndarray, kind: T) -> GroupQuantized | SplitQuantized | F
     if four is not None:
         return GroupQuantized(*tensors(*four))
     eight = eight_bit(data, kind)
-    if eight is not None:
-        return SplitQuantized.from_q8(*tensors(*eight))
-    fine = fine_eight_bit(data, kind)
-    if fine is not None:
-        return FineQuantized(*tensors(*fine))
-    return None
+    if eight is None:
+        eight = fine_eight_bit(data, kind)
+    return None if eight is None else ByteQuantized(*tensors(*eight))
 
 
 def _four_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -33,7 +33,7 @@ from hetero_core.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
 from hetero_core.model_source import parse
 from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
-from hetero_executor_torch.quantized import FineQuantized, GroupQuantized, SplitQuantized, Weight, fine_groups_run_packed
+from hetero_executor_torch.quantized import ByteQuantized, GroupQuantized, Weight, fine_groups_run_packed
 
 log = structlog.get_logger()
 
@@ -73,9 +73,7 @@ _TYPE_NUMBERS = {kind.value for kind in gguf.GGMLQuantizationType}
 
 
 def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
-    if isinstance(weight, SplitQuantized):
-        return SplitQuantized(unpermute_weight(weight.high, num_heads), unpermute_weight(weight.low, num_heads))
-    if isinstance(weight, (GroupQuantized, FineQuantized)):
+    if isinstance(weight, (GroupQuantized, ByteQuantized)):
         return type(weight)(*(torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads))) for t in attrs.astuple(weight, recurse=False)))
     return torch.from_numpy(np.ascontiguousarray(unpermute(weight.numpy(), num_heads)))
 

@@ -11,11 +11,11 @@ are and widened inside torch's CPU kernels:
   (``_weight_int4pack_mm_for_cpu``) computes ``(q - 8) * scale + zero``, so
   ``zero = minimum + 8 * scale``; scales and zeros are stored in the
   activations' dtype (bf16 rounds the file's f16 scales, float32 keeps them).
-- 8-bit groups (GGUF's Q8_0 block, ``w = scale * q`` with ``q`` in
-  -128..127) run as the sum of two such int4 weights, the high and the low
-  nibble of each ``q`` (:class:`SplitQuantized`): exact again, twice the
-  int4 work, still far fewer bytes than bf16.
-- 8-bit groups of 16 (GGUF's Q6_K and Q2_K, :class:`FineQuantized`) run on
+- 8-bit groups (:class:`ByteQuantized`: GGUF's Q8_0 block, ``w = scale * q``
+  with ``q`` in -128..127, and the types read into it) run as the sum of two
+  such int4 weights, the high and the low nibble of each ``q``
+  (:meth:`ByteQuantized.halves`): exact again, twice the int4 work, still far
+  fewer bytes than bf16. Groups of 16 (GGUF's Q6_K and Q2_K) run on
   ``hetero_kernels.cpu_int4`` alone (below); without it they are dense.
 - ``int8``: one symmetric scale per output channel
   (``_weight_int8pack_mm``); offered for dense checkpoints.
@@ -51,7 +51,6 @@ import torch.nn.functional as F
 from hetero_executor_torch.kernel_attention import kernel_array
 
 GROUP_SIZE = 32
-FINE_GROUP_SIZE = 16
 WEIGHT_FORMATS = ("auto", "dense", "int8", "int4")
 
 
@@ -87,106 +86,69 @@ class GroupQuantized:
 
 
 @attrs.frozen
-class SplitQuantized:
-    """8-bit group-quantized weights ``scale * q + offset`` (``q`` in -128..127, one scale and one offset
-    per group of 32) held exactly as the sum of two :class:`GroupQuantized` parts: ``q = 16 * high +
-    low``, ``high`` the signed high nibble (-8..7), ``low`` the low nibble (0..15).
-
-    The parts are offset so that each kernel's partial sum stays centred:
-    ``high`` weighs ``16 * scale * high + 8 * scale + offset`` and ``low``
-    ``scale * (low - 8)``; the centring offsets cancel.
-    """
-
-    high: GroupQuantized
-    low: GroupQuantized
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.high.shape
-
-    def dequantize(self) -> torch.Tensor:
-        return self.high.dequantize() + self.low.dequantize()
-
-    @property
-    def scale(self) -> torch.Tensor:
-        return self.low.scale
-
-    @property
-    def offset(self) -> torch.Tensor:
-        return self.high.minimum + self.low.minimum + 128 * self.low.scale
-
-    def bytes(self) -> torch.Tensor:
-        """``q``, int8 [out, in]."""
-        return (16 * (self.high.q.to(torch.int16) - 8) + self.low.q).to(torch.int8)
-
-    @classmethod
-    def from_q8(cls, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None) -> SplitQuantized:
-        """``q`` [out, in] int8, ``scale`` and ``offset`` (zero if None) [out, in // GROUP_SIZE] float32."""
-        high = ((q >> 4) + 8).to(torch.uint8)  # arithmetic shift: the signed high nibble, then 0..15
-        low = (q & 15).to(torch.uint8)
-        centre = -120 * scale if offset is None else offset - 120 * scale
-        return cls(GroupQuantized(high, 16 * scale, centre), GroupQuantized(low, scale, -8 * scale))
-
-    @classmethod
-    def cat(cls, parts: list[SplitQuantized]) -> SplitQuantized:
-        return cls(GroupQuantized.cat([p.high for p in parts]), GroupQuantized.cat([p.low for p in parts]))
-
-
-@attrs.frozen
-class FineQuantized:
-    """8-bit weights ``scale * q + offset`` with one scale and one offset per group of 16 inputs (GGUF's
-    Q6_K and Q2_K). Only ``hetero_kernels.cpu_int4`` multiplies them packed; torch's int4 kernel takes
-    groups of 32 and more."""
+class ByteQuantized:
+    """8-bit weights ``[out, in]`` stored as ``scale * q + offset``, ``q`` in -128..127, with one scale and
+    one offset per group of 32 inputs (GGUF's Q8_0, Q5_0, ...) or of 16 (Q6_K, Q2_K)."""
 
     q: torch.Tensor  # [out, in] int8
-    scale: torch.Tensor  # [out, in // FINE_GROUP_SIZE] float32
-    offset: torch.Tensor  # [out, in // FINE_GROUP_SIZE] float32
+    scale: torch.Tensor  # [out, groups] float32
+    offset: torch.Tensor  # [out, groups] float32
 
     @property
     def shape(self) -> torch.Size:
         return self.q.shape
 
+    @property
+    def group_size(self) -> int:
+        return self.q.shape[1] // self.scale.shape[1]
+
     def dequantize(self) -> torch.Tensor:
-        grouped = self.q.float().view(self.q.shape[0], -1, FINE_GROUP_SIZE)
+        grouped = self.q.float().view(self.q.shape[0], -1, self.group_size)
         return (grouped * self.scale[..., None] + self.offset[..., None]).view(self.q.shape)
 
+    def in_groups_of(self, size: int) -> ByteQuantized:
+        """The same weights with factors per ``size`` inputs (a divisor of the group size), exactly."""
+        repeats = self.group_size // size
+        return self if repeats == 1 else ByteQuantized(self.q, *(f.repeat_interleave(repeats, dim=1) for f in (self.scale, self.offset)))
+
+    def halves(self) -> tuple[GroupQuantized, GroupQuantized]:
+        """Groups of 32 as the sum of two 4-bit weights, exactly: ``q = 16 * high + low``, ``high`` the
+        signed high nibble, ``low`` the low one. The parts are offset so that each kernel's partial sum
+        stays centred: ``high`` weighs ``16 * scale * high + 8 * scale + offset`` and ``low`` ``scale *
+        (low - 8)``; the centring offsets cancel."""
+        high = ((self.q >> 4) + 8).to(torch.uint8)  # arithmetic shift: the signed high nibble, then 0..15
+        low = (self.q & 15).to(torch.uint8)
+        return GroupQuantized(high, 16 * self.scale, self.offset - 120 * self.scale), GroupQuantized(low, self.scale, -8 * self.scale)
+
     @classmethod
-    def cat(cls, parts: list[FineQuantized]) -> FineQuantized:
+    def cat(cls, parts: list[ByteQuantized]) -> ByteQuantized:
         return cls(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.offset for p in parts]))
 
 
-Weight = torch.Tensor | GroupQuantized | SplitQuantized | FineQuantized
+Weight = torch.Tensor | GroupQuantized | ByteQuantized
 
 
 def as_dense(weight: Weight) -> torch.Tensor:
     return weight if isinstance(weight, torch.Tensor) else weight.dequantize()
 
 
-def as_eight_bit(weight: GroupQuantized | SplitQuantized) -> SplitQuantized:
+def as_bytes(weight: GroupQuantized | ByteQuantized) -> ByteQuantized:
     """4-bit groups in the 8-bit form, exactly: ``q`` 0..15 as it is, the minimum as the offset."""
-    if isinstance(weight, SplitQuantized):
+    if isinstance(weight, ByteQuantized):
         return weight
-    return SplitQuantized.from_q8(weight.q.to(torch.int8), weight.scale, weight.minimum)
-
-
-def as_fine(weight: GroupQuantized | SplitQuantized | FineQuantized) -> FineQuantized:
-    """Groups of 32 as groups of 16, exactly: each group's factors twice."""
-    if isinstance(weight, FineQuantized):
-        return weight
-    eight = as_eight_bit(weight)
-    return FineQuantized(eight.bytes(), *(f.repeat_interleave(2, dim=1) for f in (eight.scale, eight.offset)))
+    return ByteQuantized(weight.q.to(torch.int8), weight.scale, weight.minimum)
 
 
 def concat(parts: list[Weight]) -> Weight:
     """Weights stacked along the output dimension, kept quantized when every part is quantized: 4-bit
-    parts beside 8-bit ones (a file mixing types, such as Q4_K_M's) join in the 8-bit form, and beside
-    groups of 16 in those."""
+    parts beside 8-bit ones (a file mixing types, such as Q4_K_M's) join in the 8-bit form, in the
+    smallest group among them."""
     if all(isinstance(p, GroupQuantized) for p in parts):
         return GroupQuantized.cat(parts)
-    if all(isinstance(p, (GroupQuantized, SplitQuantized)) for p in parts):
-        return SplitQuantized.cat([as_eight_bit(p) for p in parts])
-    if all(isinstance(p, (GroupQuantized, SplitQuantized, FineQuantized)) for p in parts):
-        return FineQuantized.cat([as_fine(p) for p in parts])
+    if all(isinstance(p, (GroupQuantized, ByteQuantized)) for p in parts):
+        eight = [as_bytes(p) for p in parts]
+        size = min(p.group_size for p in eight)
+        return ByteQuantized.cat([p.in_groups_of(size) for p in eight])
     return torch.cat([as_dense(p) for p in parts])
 
 
@@ -311,12 +273,13 @@ def tiles_kernel(dtype: torch.dtype, device: torch.device, shape: torch.Size) ->
 
 
 class SplitInt4Weights(Int4Weights):
-    """:class:`SplitQuantized` weights as one packed int4 weight twice as wide, the high half's groups
-    then the low half's, multiplied by the input written twice: the kernel sums both halves in its
-    float32 accumulator, in one call (a sixth faster than two calls for SmolLM2's head at one row)."""
+    """:class:`ByteQuantized` weights in groups of 32 as one packed int4 weight twice as wide, the
+    high half's groups then the low half's (:meth:`ByteQuantized.halves`), multiplied by the input
+    written twice: the kernel sums both halves in its float32 accumulator, in one call (a sixth
+    faster than two calls for SmolLM2's head at one row)."""
 
-    def __init__(self, weight: SplitQuantized, dtype: torch.dtype) -> None:
-        high, low = weight.high, weight.low
+    def __init__(self, weight: ByteQuantized, dtype: torch.dtype) -> None:
+        high, low = weight.halves()
         side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
         super().__init__(side_by_side, dtype)
 
@@ -325,15 +288,13 @@ class SplitInt4Weights(Int4Weights):
 
 
 class VnniInt8Weights(KernelInt4Weights):
-    """:class:`SplitQuantized` weights whole again, ``scale * q + offset`` with ``q`` in -128..127, or
-    :class:`FineQuantized` ones, for ``hetero_kernels.cpu_int4.matmul8``: one integer dot product per
-    weight byte, half the work of the two int4 halves. For float32 or bfloat16 activations and inputs
-    a multiple of 64."""
+    """:class:`ByteQuantized` weights whole, for ``hetero_kernels.cpu_int4.matmul8``: one integer dot
+    product per weight byte, half the work of the two int4 halves. For float32 or bfloat16
+    activations and inputs a multiple of 64."""
 
-    def __init__(self, weight: SplitQuantized | FineQuantized, kernel: Any) -> None:
+    def __init__(self, weight: ByteQuantized, kernel: Any) -> None:
         self.multiply, self.out_features = kernel.matmul8, weight.shape[0]
-        q = weight.q if isinstance(weight, FineQuantized) else weight.bytes()
-        self.packed, self.factors = kernel.pack8(q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
+        self.packed, self.factors = kernel.pack8(weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
 
 
 class Int8Weights:
@@ -498,7 +459,7 @@ def unpack_kernels() -> tuple[Any, Any] | None:
 
 
 def fine_groups_run_packed() -> bool:
-    """Whether :class:`FineQuantized` weights run packed on this host (``hetero_kernels.cpu_int4`` runs
+    """Whether :class:`ByteQuantized` weights in groups of 16 run packed on this host (``hetero_kernels.cpu_int4`` runs
     here); elsewhere they are widened to dense ones at load."""
     return vnni_kernel(torch.float32, torch.device("cpu"), 2 * GROUP_SIZE) is not None and unpack_kernels() is not None
 
@@ -515,7 +476,7 @@ def four_bit_rows(weight: GroupQuantized, vnni: VnniInt4Weights | None) -> Kerne
     return KernelRows(unpack.unpack4, *int4.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy()))
 
 
-def eight_bit_rows(weight: SplitQuantized, packed: SplitInt4Weights | VnniInt8Weights) -> KernelRows | None:
+def eight_bit_rows(weight: ByteQuantized, packed: SplitInt4Weights | VnniInt8Weights) -> KernelRows | None:
     """The widening of 8-bit weights: from the VNNI kernel's bytes, else from the same layout packed for
     it; None without the kernels or for inputs not a multiple of 64."""
     kernels = unpack_kernels()
@@ -524,7 +485,7 @@ def eight_bit_rows(weight: SplitQuantized, packed: SplitInt4Weights | VnniInt8We
     int4, unpack = kernels
     if isinstance(packed, VnniInt8Weights):
         return KernelRows(unpack.unpack8, packed.packed, packed.factors)
-    return KernelRows(unpack.unpack8, *int4.pack8(weight.bytes().numpy(), weight.scale.float().numpy(), weight.offset.float().numpy()))
+    return KernelRows(unpack.unpack8, *int4.pack8(weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy()))
 
 
 def make_linear(
@@ -542,19 +503,11 @@ def make_linear(
     ``dense_copy`` or where they cannot be widened a tile at a time."""
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
-    if weight_format == "int4" and isinstance(weight, FineQuantized):
-        kernel = vnni_kernel(dtype, device, weight.shape[1])
-        if kernel is None or unpack_kernels() is None:
-            return DenseLinear(weight.dequantize().to(device=device, dtype=dtype), bias, table)
-        packed = VnniInt8Weights(weight, kernel)
-        rows = KernelRows(unpack_kernels()[1].unpack8, packed.packed, packed.factors)
-        dense = weight.dequantize().to(dtype) if dense_copy else None
-        return PackedLinear(packed, weight.shape, dtype, bias, VNNI_MAX_ROWS, table, rows=rows, dense=dense)
-    if weight_format == "int4" and isinstance(weight, SplitQuantized):
+    if weight_format == "int4" and isinstance(weight, ByteQuantized):
         kernel = vnni_kernel(dtype, device, weight.shape[1])
         if kernel is not None:
             packed, max_rows = VnniInt8Weights(weight, kernel), VNNI_MAX_ROWS
-        elif weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
+        elif weight.group_size == GROUP_SIZE and weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
             packed, max_rows = SplitInt4Weights(weight, dtype), SPLIT_MAX_ROWS
         else:
             return DenseLinear(weight.dequantize().to(device=device, dtype=dtype), bias, table)

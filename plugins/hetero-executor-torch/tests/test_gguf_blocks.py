@@ -10,12 +10,11 @@ import torch
 from hetero_executor_torch.gguf_blocks import eight_bit, fine_eight_bit, group_form
 from hetero_executor_torch.loading import FINE_TYPES, PACKED_TYPES
 from hetero_executor_torch.quantized import (
+    ByteQuantized,
     DenseLinear,
-    FineQuantized,
     GroupQuantized,
     PackedLinear,
     SplitInt4Weights,
-    SplitQuantized,
     concat,
     fine_groups_run_packed,
     make_linear,
@@ -57,9 +56,10 @@ def test_each_packed_type_reads_back_exactly_what_gguf_dequantizes(kind: T) -> N
             groups = lambda a: np.repeat(a, size, axis=1)  # noqa: E731
             np.testing.assert_array_equal(q.astype(np.float32) * groups(scale) + groups(offset), expected)
     form = group_form(raw, kind)
-    assert isinstance(form, SplitQuantized if eight is not None else FineQuantized if fine is not None else GroupQuantized)
-    # the 4-bit form computes as gguf does; the 8-bit one sums its two halves, rounding once more
-    np.testing.assert_allclose(form.dequantize().numpy(), expected, rtol=1e-6, atol=1e-6 * float(np.abs(expected).max()))
+    assert isinstance(form, GroupQuantized if eight is None and fine is None else ByteQuantized)
+    if isinstance(form, ByteQuantized):
+        assert form.group_size == (16 if fine is not None else 32)
+    np.testing.assert_array_equal(form.dequantize().numpy(), expected)
 
 
 def test_a_type_with_no_group_form_has_none() -> None:
@@ -93,7 +93,7 @@ def test_parts_beside_groups_of_16_join_exactly_in_those() -> None:
     """As a Q4_K_M file's q/k/v projection does: Q5_0 q and k beside a Q6_K v."""
     parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate((T.Q5_0, T.Q4_K, T.Q6_K))]
     joined = concat(parts)
-    assert isinstance(joined, FineQuantized)
+    assert isinstance(joined, ByteQuantized) and joined.group_size == 16
     expected = torch.cat([p.dequantize() for p in parts])
     torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
 
@@ -102,6 +102,6 @@ def test_4_bit_and_8_bit_parts_join_exactly_in_the_8_bit_form() -> None:
     """As a Q4_K_M file's fused projections do: a Q4_K part beside Q5_0 ones."""
     parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate((T.Q5_0, T.Q4_K, T.Q8_0))]
     joined = concat(parts)
-    assert isinstance(joined, SplitQuantized)
+    assert isinstance(joined, ByteQuantized) and joined.group_size == 32
     expected = torch.cat([p.dequantize() for p in parts])
     torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))

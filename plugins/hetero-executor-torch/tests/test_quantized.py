@@ -79,7 +79,9 @@ def test_q8_0_blocks_split_into_two_4_bit_halves_exactly() -> None:
     raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0)
     split = group_form(raw, gguf.GGMLQuantizationType.Q8_0)
     np.testing.assert_array_equal(split.dequantize().numpy(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0))
-    for half in (split.high, split.low):
+    high, low = split.halves()
+    np.testing.assert_array_equal((high.dequantize() + low.dequantize()).numpy(), split.dequantize().numpy())
+    for half in (high, low):
         assert int(half.q.max()) <= 15
 
 
@@ -189,8 +191,8 @@ def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows
     assert isinstance(linear, PackedLinear) and isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights))
     assert uses_vnni(linear) == kernel_here("cpu_int4")
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
-    halves = group_form(tensor.data, tensor.tensor_type)
-    magnitudes = halves.high.dequantize().abs() + halves.low.dequantize().abs()  # at least the weight's, each half quantized alike
+    high, low = group_form(tensor.data, tensor.tensor_type).halves()
+    magnitudes = high.dequantize().abs() + low.dequantize().abs()  # at least the weight's, each half quantized alike
     assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes, 32639 if uses_vnni(linear) else 32767), 1e-5)
     torch.testing.assert_close(linear.embed(torch.tensor([0, 7, 49151])), dense[[0, 7, 49151]])
 
