@@ -1,7 +1,7 @@
 """A response's size, estimated from its request before any work: past ``server.max_response_bytes`` it is a 400.
 
 Logprobs multiply a response: ``n: 64`` choices that each echo a 2,000-token
-prompt with 20 alternatives per token come to about 80 MB of JSON for a
+prompt with 20 alternatives per token come to about 100 MB of JSON for a
 10 KB request. The estimate counts the most a request can return (every
 choice runs to ``max_tokens``) at sizes measured on real responses:
 
