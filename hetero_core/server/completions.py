@@ -38,7 +38,7 @@ def add_generation_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
-        field = "tools" if body.tool_use.is_forced else body.constraint_field  # forced calls' grammar is built from the tools
+        field = "tools" if body.tool_use.constraint is not None else body.constraint_field  # a calls' grammar is built from the tools
         with _naming_the_constraint(field):
             return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
 

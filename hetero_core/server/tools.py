@@ -5,7 +5,9 @@ with tools, ``none`` without):
 
 - ``none``: the tools are not shown to the model and its text is returned as is;
 - ``auto``: the model is shown the tools and may call them; ``<tool_call>``
-  blocks in its text become ``tool_calls`` (see :mod:`hetero_core.server.tool_parser`);
+  blocks in its text become ``tool_calls`` (see :mod:`hetero_core.server.tool_parser`).
+  When a function is ``strict``, the text is free but each call the model
+  opens is constrained like a forced one (:func:`auto_calls_grammar`);
 - ``required``: the output is constrained to one or more calls (exactly one
   when ``parallel_tool_calls`` is false) of the listed functions, each with
   arguments valid against its ``parameters`` schema;
@@ -14,9 +16,9 @@ with tools, ``none`` without):
 
 Forced calls are generated in the default ``<tool_call>`` convention of
 :mod:`hetero_core.tool_prompt`, constrained by a Lark grammar that embeds each
-function's schema, so any model's output parses into valid calls; a function
-with ``strict: true`` has its schema's objects closed to the keys they list
-(:mod:`hetero_core.server.strict`).
+function's schema, so any model's output parses into valid calls holding the
+declared parameters; a function with ``strict: true`` has every object of its
+schema closed to the keys it lists (:mod:`hetero_core.server.strict`).
 OpenAI's deprecated ``functions`` and ``function_call`` are refused with a
 400 that points to ``tools`` and ``tool_choice``.
 """
@@ -24,6 +26,7 @@ OpenAI's deprecated ``functions`` and ``function_call`` are refused with a
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 import attrs
@@ -37,6 +40,7 @@ from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # no arguments
+OPEN = json.dumps(TOOL_CALL_OPEN)
 COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes it
 
 
@@ -46,7 +50,7 @@ class FunctionDefinition(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     description: Text | None = None
     parameters: JSONObject | None = None
-    strict: bool | None = None  # forced calls are schema-valid either way; strict also closes the schema's objects
+    strict: bool | None = None  # calls are schema-valid and hold the declared parameters either way; strict closes nested objects too
 
     @field_validator("parameters")
     @classmethod
@@ -82,12 +86,9 @@ class ToolPlan:
 
     tools: tuple[dict[str, Any], ...]  # shown to the model (empty with tool_choice none)
     names: frozenset[str]
-    constraint: StructuredOutput | None  # forced calls
+    constraint: StructuredOutput | None  # forced calls, or auto's calls when a function is strict
     parses_calls: bool
-
-    @property
-    def is_forced(self) -> bool:
-        return self.constraint is not None
+    is_forced: bool = False  # the output is calls only
 
 
 NO_TOOLS = ToolPlan((), frozenset(), None, False)
@@ -126,25 +127,52 @@ class ToolFields(BaseModel):
             )
         shown = tuple(tool.model_dump(exclude_none=True) for tool in self.tools)
         if choice == "auto":
-            return ToolPlan(shown, frozenset(functions), None, True)
+            if not any(function.strict for function in functions.values()):
+                return ToolPlan(shown, frozenset(functions), None, True)
+            grammar = auto_calls_grammar(list(functions.values()), several=self.parallel_tool_calls)
+            return ToolPlan(shown, frozenset(functions), StructuredOutput.grammar(grammar), True)
         if choice == "required":
             grammar = calls_grammar(list(functions.values()), several=self.parallel_tool_calls)
         else:
             if choice.function.name not in functions:
                 raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
             grammar = calls_grammar([functions[choice.function.name]], several=False)
-        return ToolPlan(shown, frozenset(functions), StructuredOutput.grammar(grammar), True)
+        return ToolPlan(shown, frozenset(functions), StructuredOutput.grammar(grammar), True, is_forced=True)
 
 
 def calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
     """A Lark grammar (llguidance's dialect, with ``%json`` schemas) for one call, or calls, of ``functions``."""
-    rules = ['start: call ("\\n" call)*' if several else "start: call", "call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
+    start = f'start: {OPEN} call ("\\n" {OPEN} call)*' if several else f"start: {OPEN} call"
+    return "\n".join([start, *_call_rules(functions)])
+
+
+def auto_calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
+    """Free text in which each call, once the model opens it, is one of ``functions`` with valid arguments.
+
+    The text between calls is any text without the opening tag; the opening tag
+    ends the text before it, so the lexer never has to guess where a call begins.
+    """
+    no_open_tag = f"/(?s:.*)/ & ~/(?s:.*){re.escape(TOOL_CALL_OPEN)}(?s:.*)/"
+    start = "start: (TEXT_THEN_OPEN call)* TEXT" if several else "start: (TEXT_THEN_OPEN call)? TEXT"
+    return "\n".join([start, f"TEXT: {no_open_tag}", f"TEXT_THEN_OPEN: TEXT {OPEN}", *_call_rules(functions)])
+
+
+def _call_rules(functions: list[FunctionDefinition]) -> list[str]:
+    """``call``: what follows the opening tag, for any of ``functions``.
+
+    The arguments' top-level object holds only the declared parameters unless
+    its schema says ``additionalProperties``; a ``strict`` function has every
+    object of its schema closed (:func:`~hetero_core.server.strict.strict_schema`).
+    """
+    rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
     for number, function in enumerate(functions):
         schema = dict(function.parameters if function.parameters is not None else NO_PARAMETERS)
         if function.strict:
             schema = strict_schema(schema)
+        elif "properties" in schema:  # a call's arguments are its declared parameters (small models pad them otherwise)
+            schema.setdefault("additionalProperties", False)
         schema["x-guidance"] = COMPACT_JSON
-        head = f'{TOOL_CALL_OPEN}\n{{"name": "{function.name}", "arguments": '
+        head = f'\n{{"name": "{function.name}", "arguments": '
         rules.append(f"call_{number}: {json.dumps(head)} args_{number} {json.dumps('}' + chr(10) + TOOL_CALL_CLOSE)}")
         rules.append(f"args_{number}: %json {json.dumps(schema)}")
-    return "\n".join(rules)
+    return rules

@@ -12,6 +12,8 @@ import pydantic
 import pytest
 from langchain_openai import ChatOpenAI
 
+from hetero_core.tool_prompt import TOOL_CALL_OPEN
+
 pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
 
 WEATHER = {
@@ -80,8 +82,9 @@ def test_a_named_function_streams_valid_arguments(client) -> None:
 
 
 @pytest.mark.parametrize("strict", [True, False])
-def test_a_strict_function_gets_only_its_listed_arguments(client, model_server, strict) -> None:
-    pick = {"name": "pick", "parameters": {"type": "object", "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["digit"]}}
+def test_a_strict_function_gets_only_its_listed_arguments_at_every_depth(client, model_server, strict) -> None:
+    digit = {"type": "object", "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["digit"]}
+    pick = {"name": "pick", "parameters": {"type": "object", "properties": {"choice": digit}, "required": ["choice"]}}
     tokenizer = model_server.engine.tokenizer
     more_keys = {str(tokenizer.encode(text, add_special_tokens=False)[0]): 100 for text in (",", ", ")}  # another key, if allowed
     response = client.chat.completions.create(
@@ -89,10 +92,26 @@ def test_a_strict_function_gets_only_its_listed_arguments(client, model_server, 
         tools=[{"type": "function", "function": {**pick, "strict": strict}}], tool_choice={"type": "function", "function": {"name": "pick"}},
     )
     (call,) = response.choices[0].message.tool_calls
-    if strict:  # OpenAI's strict mode: no arguments but the listed ones
-        assert list(json.loads(call.function.arguments)) == ["digit"], call.function.arguments
-    else:  # JSON Schema as written: other keys are allowed
-        assert re.match(r'\{"digit": \d, "', call.function.arguments), call.function.arguments
+    arguments = call.function.arguments
+    if strict:  # OpenAI's strict mode: no keys but the listed ones, nested objects too
+        assert list(json.loads(arguments)) == ["choice"] and list(json.loads(arguments)["choice"]) == ["digit"], arguments
+    else:  # the declared parameters at the top, JSON Schema as written below
+        assert re.match(r'\{"choice": \{"digit": \d, "', arguments), arguments
+
+
+def test_under_auto_a_call_of_a_strict_function_is_constrained_once_opened(client, model_server) -> None:
+    pick = {"name": "pick", "strict": True, "parameters": {"type": "object", "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}}}}
+    tokenizer = model_server.engine.tokenizer
+    tempting = {str(token_id): 100 for token_id in tokenizer.encode("<tool_call>", add_special_tokens=False)}  # open a call
+    tempting |= {str(tokenizer.encode(text, add_special_tokens=False)[0]): 100 for text in (",", ", ")}  # then add keys, if allowed
+    response = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Pick a digit."}], max_tokens=40, temperature=0, logit_bias=tempting,
+        tools=[{"type": "function", "function": pick}], tool_choice="auto", parallel_tool_calls=False,
+    )
+    choice = response.choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "pick" and set(json.loads(call.function.arguments)) <= {"digit"}, call.function.arguments
+    assert TOOL_CALL_OPEN not in (choice.message.content or "")
 
 
 def test_a_tool_conversation_renders_into_the_prompt(client, model_server) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from hetero_core.server.constraints import ResponseFormat
 from hetero_core.server.strict import strict_schema
-from hetero_core.server.tools import FunctionDefinition, calls_grammar
+from hetero_core.server.tools import FunctionDefinition, ToolFields, auto_calls_grammar, calls_grammar
 
 OPEN_POINT = {"type": "object", "properties": {"x": {"type": "integer"}}}
 CLOSED_POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False}
@@ -60,13 +60,23 @@ def test_response_format_closes_objects_only_under_strict(strict, expected) -> N
     assert constraint.schema == expected
 
 
-@pytest.mark.parametrize(("strict", "closed"), [(True, True), (False, False), (None, False)])
-def test_a_forced_call_closes_its_arguments_only_under_strict(strict, closed) -> None:
+@pytest.mark.parametrize(("strict", "num_closed"), [(True, 2), (False, 1), (None, 1)])
+def test_a_call_holds_its_declared_parameters_and_strict_closes_nested_objects_too(strict, num_closed) -> None:
     function = FunctionDefinition.model_validate({"name": "f", "parameters": {"type": "object", "properties": {"p": OPEN_POINT}}, "strict": strict})
-    grammar = calls_grammar([function], several=False)
-    assert grammar.count('"additionalProperties": false') == (2 if closed else 0), grammar
+    for grammar in (calls_grammar([function], several=False), auto_calls_grammar([function], several=False)):
+        assert grammar.count('"additionalProperties": false') == num_closed, grammar
 
 
 def test_a_function_without_parameters_takes_no_arguments() -> None:
     grammar = calls_grammar([FunctionDefinition(name="f")], several=False)
     assert '%json {"type": "object", "properties": {}, "additionalProperties": false' in grammar
+
+
+@pytest.mark.parametrize(("strict", "constrained"), [(True, True), (False, False), (None, False)])
+def test_auto_is_constrained_once_a_function_is_strict(strict, constrained) -> None:
+    function = {"name": "f", "parameters": OPEN_POINT} | ({} if strict is None else {"strict": strict})
+    tools = ToolFields.model_validate({"tools": [{"type": "function", "function": function}, {"type": "function", "function": {"name": "g"}}]})
+    plan = tools.tool_plan(has_structured_output=False)
+    assert plan.parses_calls and not plan.is_forced and (plan.constraint is not None) is constrained
+    if constrained:
+        assert plan.constraint.value == auto_calls_grammar([tool.function for tool in tools.tools], several=True)

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 
 from hetero_core.builtin.simple_tokenizer import SimpleTokenizer
 from hetero_core.server.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
-from hetero_core.server.tools import FunctionDefinition, calls_grammar
+from hetero_core.server.tools import FunctionDefinition, auto_calls_grammar, calls_grammar
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_OPEN, tool_call_block
 from hetero_structured_llguidance import LLGuidanceBackend
@@ -100,9 +100,9 @@ def test_forced_arguments_stream_before_the_call_closes() -> None:
     assert parser.feed("}\n</tool_call>") == [CallDelta(0, "}")]
 
 
-def test_the_forced_call_grammar_admits_only_declared_parameters_of_a_strict_function() -> None:
+def test_the_forced_call_grammar_admits_only_declared_parameters() -> None:
     backend = LLGuidanceBackend(SimpleTokenizer())
-    schema = {"type": "object", "properties": {"zone": {"type": "string"}}}
+    schema = {"type": "object", "properties": {"zone": {"type": "object", "properties": {"name": {"type": "string"}}}}}
     strict = FunctionDefinition(name="get_time", parameters=schema, strict=True)
     plain = FunctionDefinition(name="get_time", parameters=schema)
     free = FunctionDefinition(name="get_time", parameters={"type": "object"}, strict=True)
@@ -111,6 +111,28 @@ def test_the_forced_call_grammar_admits_only_declared_parameters_of_a_strict_fun
         matcher = backend.new_matcher(backend.compile(StructuredOutput.grammar(calls_grammar([function], several=False))))
         return all(matcher.accept_token(t) for t in SimpleTokenizer().encode(tool_call_block("get_time", arguments), add_special_tokens=False))
 
-    assert accepts(strict, {"zone": "UTC"}) and not accepts(strict, {"zone": "UTC", "extra": 1})
-    assert accepts(plain, {"zone": "UTC", "extra": 1})  # JSON Schema as written
+    for function in (strict, plain):  # the top level holds the declared parameters
+        assert accepts(function, {"zone": {"name": "UTC"}}) and not accepts(function, {"zone": {"name": "UTC"}, "extra": 1})
+    assert not accepts(strict, {"zone": {"name": "UTC", "extra": 1}})  # strict: nested objects too
+    assert accepts(plain, {"zone": {"name": "UTC", "extra": 1}})  # otherwise JSON Schema as written
     assert accepts(free, {"anything": [1, 2]})
+
+
+def test_under_auto_the_text_is_free_and_each_call_a_strict_function_opens_is_constrained() -> None:
+    tokenizer = SimpleTokenizer()
+    backend = LLGuidanceBackend(tokenizer)
+    strict = FunctionDefinition(name="get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}}, strict=True)
+    call = tool_call_block("get_time", {"zone": "UTC"})
+
+    def accepts(text: str, *, several: bool = True) -> bool:
+        grammar = auto_calls_grammar([strict], several=several)
+        matcher = backend.new_matcher(backend.compile(StructuredOutput.grammar(grammar)))
+        taken = all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+        return taken and matcher.accept_token(tokenizer.eos_token_id)  # and the text may end there
+
+    assert accepts("Just text: a < b, <tool_ and </tool_call> are text too.")
+    assert accepts(f"Let me look.\n{call}\nDone.") and accepts(f"{call}\n{call}")
+    assert not accepts(f"{call}\n{call}", several=False)  # parallel_tool_calls false: one call
+    assert not accepts(tool_call_block("get_time", {"zone": "UTC", "extra": 1}))
+    assert not accepts(tool_call_block("get_date", {}))
+    assert not accepts(f"{TOOL_CALL_OPEN}\nnot a call")
