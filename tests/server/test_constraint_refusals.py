@@ -24,7 +24,12 @@ REFUSED = [
     ("/v1/completions", {"guided_regex": "[^\\x00-\\x{10FFFF}]"}, "guided_regex", "no text satisfies the regex"),
     ("/v1/completions", {"guided_regex": "((a{1000}){1000}){1000}"}, "guided_regex", "the regex cannot be used"),
     ("/v1/completions", {"structured_outputs": {"json": SELF_REFERENCE}}, "structured_outputs", "no text satisfies"),
-    (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": EVERY_LEVEL_REQUIRED}}}, "response_format", "step_max_items"),
+    (
+        CHAT,
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": EVERY_LEVEL_REQUIRED}}},
+        "response_format",
+        "step_max_items",
+    ),
     (CHAT, {"guided_regex": "[^\\x00-\\x{10FFFF}]", "stream": True}, "guided_regex", "no text satisfies the regex"),
     (
         CHAT,
@@ -36,7 +41,9 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(
-    ("path", "fields", "param", "message"), REFUSED, ids=[f"{'chat' if p == CHAT else 'completions'}-{param}-{i}" for i, (p, _, param, _) in enumerate(REFUSED)]
+    ("path", "fields", "param", "message"),
+    REFUSED,
+    ids=[f"{'chat' if path == CHAT else 'completions'}-{param}-{i}" for i, (path, _, param, _) in enumerate(REFUSED)],
 )
 def test_a_constraint_no_first_token_can_start_is_a_400_naming_its_field(model_server, path, fields, param, message) -> None:
     body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
