@@ -19,7 +19,7 @@ class GrammarLimits:
     """The bounds on compiling a constraint and on one step of its matcher."""
 
     max_grammar_size: int = 500_000  # symbols in the compiled grammar
-    compile_fuel: int = 1_000_000  # work to build the lexer, about 50,000 a millisecond
+    compile_fuel: int = 1_000_000  # work to build the lexer (llguidance's initial_lexer_fuel)
     max_items_in_row: int = 10_000  # parser items at one position: an object's optional properties take about 4 each
     step_max_items: int = 50_000  # parser items one token may create
 
