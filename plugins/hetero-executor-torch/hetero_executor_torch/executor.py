@@ -28,7 +28,7 @@ from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 log = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_WARM_UP_TOKENS = 256  # more rows than any packed kernel takes, and several tiles of prefill attention
+CPU_WARM_UP_TOKENS = 40  # more rows than any packed kernel takes (32) or a norm runs serially for, and several prefill tiles
 
 
 def resolve_device(device: str) -> torch.device:
@@ -207,31 +207,31 @@ class TorchExecutor:
         return CudaGraphCapture(self.device) if self.device.type == "cuda" else CheckedReplay()
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
-        """Run a prefill step (on CUDA the largest, on the CPU at most :data:`CPU_WARM_UP_TOKENS`
-        tokens) and the largest decode step once, and a decode of three sequences, through block 0
-        (still unused).
+        """Run a prefill step and decode steps once, through block 0 (still unused): on CUDA the largest
+        prefill, the largest decode and one of three sequences; on the CPU a prefill of at most
+        :data:`CPU_WARM_UP_TOKENS` tokens and decodes of one and three sequences.
 
         The first pass at a given size is slow (memory first touched, kernels
         picked or compiled, with decode graphs the largest batch's graph
         captured); paying it here keeps it off the first requests, and on
         CUDA the largest prefill shows at start whether its activations fit
-        beside the cache. On the CPU a prefill of a few hundred tokens
-        compiles every kernel the largest would (a 4,096-token one cost
-        seconds of every start): a longer first prompt only touches more
-        memory. Small multi-sequence steps may run other kernels than the
-        largest (the tiled int4 kernel, where the largest step widens the
-        packed weights).
+        beside the cache. On the CPU each step of a kind runs the same
+        kernels whatever its size: a prefill just over the packed kernels'
+        rows widens the packed weights as the largest would (a 256-token one,
+        and a 32-sequence decode, added half a second to a 0.5B model's start),
+        one sequence runs the one-call layers and three the tiled kernel
+        where the CPU has it; a larger decode runs one of those paths.
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
-        length = max(2, max_num_tokens if self.device.type == "cuda" else min(max_num_tokens, CPU_WARM_UP_TOKENS))
+        cuda = self.device.type == "cuda"
+        length = max(2, max_num_tokens if cuda else min(max_num_tokens, CPU_WARM_UP_TOKENS))
         tokens = [0] * length
         table = [0] * -(-length // self.block_size)
         prefill = ScheduledSequence(0, tokens, 0, table, True, params, tokens, length, None)
         self.execute(ExecutionBatch([prefill], self.block_size))
         decodes = [ScheduledSequence(i, [0], 1, [0], True, params, [0, 0], 1, None) for i in range(max_num_seqs)]
-        self.execute(ExecutionBatch(decodes, self.block_size))
-        if max_num_seqs > 3:
-            self.execute(ExecutionBatch(decodes[:3], self.block_size))
+        for count in sorted({max_num_seqs, min(3, max_num_seqs)} if cuda else {1, min(3, max_num_seqs)}, reverse=True):
+            self.execute(ExecutionBatch(decodes[:count], self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         with torch.inference_mode(), self._on_device():
