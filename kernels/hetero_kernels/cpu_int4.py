@@ -89,13 +89,14 @@ def pack8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) ->
 
 def _factors(scale: np.ndarray, minimum: np.ndarray, pairs: int) -> np.ndarray:
     """Each pair's scales then its minimums, ``[out, pairs, 4]`` for two groups a pair or ``[out, pairs,
-    2, 4]`` for four: float16 bits where every one is exact in float16, else float32."""
-    per_pair = scale.shape[1] // pairs
-    shape = (scale.shape[0], pairs, 2 * per_pair)
-    factors, halves = np.empty(shape, np.float32), np.empty(shape, np.uint16)
-    inexact = _pack_factors(scale, minimum, factors, halves)
-    packed = factors if inexact else halves
-    return packed if per_pair == 2 else packed.reshape(shape[0], pairs, 2, per_pair)
+    2, 4]`` for four: float16 bits where every one is exact in float16 (GGUF's own scales are), else
+    float32."""
+    rows, per_pair = scale.shape[0], scale.shape[1] // pairs
+    factors = np.concatenate([scale.reshape(rows, pairs, per_pair), minimum.reshape(rows, pairs, per_pair)], axis=2)
+    with np.errstate(over="ignore"):  # beyond float16's range: inf, which compares unequal
+        halves = factors.astype(np.float16)
+    packed = halves.view(np.uint16) if np.array_equal(halves.astype(np.float32), factors) else factors
+    return packed if per_pair == 2 else packed.reshape(rows, pairs, 2, per_pair)
 
 
 @njit(parallel=True, **_OPTIONS)
@@ -105,39 +106,6 @@ def _pack_nibbles(q, packed):
             first, second, out = q[r, pair * PAIR :], q[r, pair * PAIR + GROUP_SIZE :], packed[r, pair * GROUP_SIZE :]
             for j in range(GROUP_SIZE):
                 out[j] = first[j] | (second[j] << 4)
-
-
-@njit(**_OPTIONS)
-def _float16_bits(value):
-    """``value``'s float16 bits where float16 holds it exactly, else -1."""
-    bits = np.int64(np.array([value], np.float32).view(np.uint32)[0])
-    sign, exponent, mantissa = (bits >> 16) & 0x8000, ((bits >> 23) & 0xFF) - 127, bits & 0x7FFFFF
-    if bits & 0x7FFFFFFF == 0:
-        return sign
-    if -14 <= exponent <= 15:  # a normal float16: 10 of the 23 mantissa bits
-        return sign | ((exponent + 15) << 10) | (mantissa >> 13) if mantissa & 0x1FFF == 0 else np.int64(-1)
-    if -24 <= exponent < -14:  # a subnormal one: value * 2**24 a whole number below 1024
-        shift = -1 - exponent
-        significand = mantissa | 0x800000
-        return sign | (significand >> shift) if significand & ((1 << shift) - 1) == 0 else np.int64(-1)
-    return np.int64(-1)
-
-
-@njit(parallel=True, **_OPTIONS)
-def _pack_factors(scale, minimum, factors, halves):
-    """Each pair's scales then its minimums into ``factors`` (float32) and ``halves`` (float16 bits);
-    returns how many are not exact in float16."""
-    inexact = 0
-    per_pair = factors.shape[2] // 2
-    for r in prange(scale.shape[0]):
-        for pair in range(factors.shape[1]):
-            for k in range(2 * per_pair):
-                value = scale[r, per_pair * pair + k] if k < per_pair else minimum[r, per_pair * pair + k - per_pair]
-                factors[r, pair, k] = value
-                bits = _float16_bits(value)
-                halves[r, pair, k] = max(bits, 0)
-                inexact += bits < 0
-    return inexact
 
 
 def _vector(element: ir.Type, count: int) -> ir.VectorType:
