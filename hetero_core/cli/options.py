@@ -27,6 +27,7 @@ ENGINE_FLAGS = (
     "ray_address",
 )
 COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor", "structured_output")  # a name; the file's options stay when the name is the same
+SECTIONS = ("server",)  # config sections whose keys -o sets: SECTION.KEY=VALUE
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +47,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="COMPONENT.KEY=VALUE",
-        help="a component option, e.g. executor.dtype=float32 or cache_allocator.enable_prefix_caching=false"
-        " (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
+        help="a component option, e.g. executor.dtype=float32 or cache_allocator.enable_prefix_caching=false, or a server key,"
+        " e.g. server.backend=command_bridge (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
     )
     group.add_argument("--seed", type=int, help="seed for unseeded sampling")
     for flag, kind in (
@@ -86,25 +87,27 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise ConfigError(f"--dtype is the executor's option now: use -o executor.dtype={args.dtype}", param="dtype")
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     changes: dict[str, Any] = {key: getattr(args, key) for key in ENGINE_FLAGS if getattr(args, key) is not None}
+    assigned = component_options(args.option)
     for key in COMPONENT_FLAGS:
         current = getattr(config, key)
         name = getattr(args, key) or current.name
         options = dict(current.options) if name == current.name else {}
-        options.update(component_options(args.option).get(key, {}))
+        options.update(assigned.get(key, {}))
         if (name, options) != (current.name, dict(current.options)):
             changes[key] = {"name": name, **options}
+    changes.update({section: assigned[section] for section in SECTIONS if section in assigned})  # merged onto the file's section
     return config.evolve(**changes) if changes else config
 
 
 def component_options(assignments: list[str]) -> dict[str, dict[str, Any]]:
-    """``COMPONENT.KEY=VALUE`` flags, grouped by component; VALUE is JSON when it parses, else the text."""
+    """``COMPONENT.KEY=VALUE`` and ``SECTION.KEY=VALUE`` flags, grouped by component or section; VALUE is JSON when it parses, else the text."""
     grouped: dict[str, dict[str, Any]] = {}
     for assignment in assignments:
         target, equals, text = assignment.partition("=")
         component, dot, key = target.partition(".")
-        if not equals or not dot or not key or component not in COMPONENT_FLAGS:
+        if not equals or not dot or not key or component not in COMPONENT_FLAGS + SECTIONS:
             raise ConfigError(
-                f"--option takes COMPONENT.KEY=VALUE with COMPONENT one of {', '.join(COMPONENT_FLAGS)}, got {assignment!r}",
+                f"--option takes COMPONENT.KEY=VALUE with COMPONENT one of {', '.join(COMPONENT_FLAGS + SECTIONS)}, got {assignment!r}",
                 param="option",
             )
         try:

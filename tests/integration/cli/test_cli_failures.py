@@ -75,6 +75,16 @@ def test_component_options_and_the_cache_allocator_flag() -> None:
     assert config.tokenizer.options == {"add_bos": True}
 
 
+def test_server_keys_are_set_with_o_over_the_config_file(tmp_path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"server": {"port": 9000, "command": "old-program"}}))
+    args = build_parser().parse_args(
+        ["--config", str(path), "-o", "server.backend=command_bridge", "-o", "server.command=my-bridge --fast", "-o", "server.command_timeout=5"]
+    )
+    server = engine_config(args).server
+    assert (server.backend, server.command, server.command_timeout, server.port) == ("command_bridge", ("my-bridge", "--fast"), 5, 9000)
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -82,6 +92,10 @@ def test_component_options_and_the_cache_allocator_flag() -> None:
         (["-o", "executor.colour=red"], "executor 'mock' has no option 'colour'; accepted: vocab_size, eos_token_id, eos_probability,"),
         (["--dtype", "float32"], "--dtype is the executor's option now: use -o executor.dtype=float32"),
         (["-o", "engine.x=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator"),
+        (["-o", "server.colour=red"], "unknown config key(s) server.colour; allowed: api_key, backend, backend_options, command,"),
+        (["-o", "server.port=99999"], "port must be an integer in [0, 65535], got 99999"),
+        (["-o", "server.backend=command_bridge"], "server.command must name the program to run for backend 'command_bridge'"),
+        (["-o", "server=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator, executor, structured_output, server,"),
         (["--cache-allocator", "pagd"], "unknown cache_allocator 'pagd'; installed: 'paged'"),
         (["--block-size", "1000000000"], "block_size must be an integer in [1, 1024], got 1000000000"),
     ],
