@@ -109,6 +109,7 @@ class ServerConfig:
     command: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(shlex.split(v) if isinstance(v, str) else v))  # command_bridge: program and arguments
     command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
     command_concurrency: int = attrs.field(default=4, validator=_positive_int)
+    command_max_output_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)  # command_bridge: a program's stdout; a 502 beyond
     api_key: str | None = attrs.field(default=None, validator=_optional_name)  # also HETERO_API_KEY; None leaves the server open
     max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)
     drain_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, error=ConfigError))

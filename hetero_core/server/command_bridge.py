@@ -5,9 +5,10 @@ with :func:`shlex.split`). Its environment is minimal: the request's
 ``HETERO_PROMPT``, ``HETERO_MAX_TOKENS``, ``HETERO_TEMPERATURE`` and
 ``HETERO_TOP_P``, plus only ``PASSED_ENVIRONMENT`` from the server's own
 environment (never its API key or other secrets). Its stdout is the
-completion and its stderr is logged. Every failure (a prompt an environment
-variable cannot carry, a missing program, a non-zero exit, a timeout)
-fails the request with 502 and the reason. At most ``command_concurrency``
+completion (at most ``command_max_output_bytes``; the program is killed once
+it writes more) and the tail of its stderr is logged. Every failure (a prompt
+an environment variable cannot carry, a missing program, a non-zero exit, a
+timeout, too much output) fails the request with 502 and the reason. At most ``command_concurrency``
 programs run at once; the rest wait.
 """
 
@@ -28,6 +29,8 @@ from hetero_core.sequence import FinishReason
 log = structlog.get_logger()
 
 PASSED_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+READ_CHUNK = 64 * 1024  # bytes read from the program's pipes at a time
+STDERR_TAIL = 2000  # bytes of the program's stderr kept for the log
 
 
 class CommandBridge:
@@ -42,6 +45,7 @@ class CommandBridge:
     def __init__(self, server: ServerConfig) -> None:
         self.command = list(server.command)
         self.timeout = server.command_timeout
+        self.max_output_bytes = server.command_max_output_bytes
         self._limit = asyncio.Semaphore(server.command_concurrency)
         self._runs: dict[str, concurrent.futures.Future] = {}
 
@@ -110,15 +114,47 @@ class CommandBridge:
         except (ValueError, UnicodeError) as exc:
             return "", f"cannot pass the request to {self.command[0]!r}: {exc}"
         try:
-            stdout, stderr = await asyncio.wait_for(process.communicate(), self.timeout)
+            stdout, stderr = await asyncio.wait_for(self._collect(process), self.timeout)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-            process.kill()
+            _kill(process)
             await process.wait()
             if isinstance(exc, asyncio.CancelledError):
                 raise
             return "", f"the bridge program timed out after {self.timeout} s"
         if stderr:
-            log.info("bridge stderr", request_id=request_id, stderr=stderr.decode(errors="replace")[-2000:])
+            log.info("bridge stderr", request_id=request_id, stderr=stderr.decode(errors="replace")[-STDERR_TAIL:])
+        if stdout is None:
+            return "", f"the bridge program wrote more than server.command_max_output_bytes ({self.max_output_bytes}) bytes"
         if process.returncode != 0:
             return "", f"the bridge program exited with status {process.returncode}"
         return stdout.decode(errors="replace"), None
+
+    async def _collect(self, process: asyncio.subprocess.Process) -> tuple[bytes | None, bytes]:
+        """The program's stdout (None once it passes ``max_output_bytes``: the program is killed) and its stderr's tail."""
+
+        async def stdout() -> bytes | None:
+            data = bytearray()
+            while chunk := await process.stdout.read(READ_CHUNK):
+                data += chunk
+                if len(data) > self.max_output_bytes:
+                    _kill(process)
+                    return None
+            return bytes(data)
+
+        async def stderr_tail() -> bytes:
+            tail = b""
+            while chunk := await process.stderr.read(READ_CHUNK):
+                tail = (tail + chunk)[-STDERR_TAIL:]
+            return tail
+
+        out, err = await asyncio.gather(stdout(), stderr_tail())
+        await process.wait()
+        return out, err
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:  # it exited between the check and the signal
+            pass

@@ -112,3 +112,31 @@ def test_a_bridge_gets_chats_with_tools_in_the_default_convention() -> None:
         for field, value in (("continue_final_message", True), ("chat_template_kwargs", {"a": 1}), ("add_generation_prompt", False)):
             refused = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": history, field: value}, timeout=30)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == field
+
+
+def test_output_beyond_command_max_output_bytes_is_a_502_and_the_program_is_killed(tmp_path) -> None:
+    flood = tmp_path / "flood.py"  # writes HETERO_PROMPT bytes, then (for "forever") keeps writing
+    flood.write_text(
+        "import os, sys\n"
+        "size = os.environ['HETERO_PROMPT']\n"
+        "if size == 'forever':\n"
+        "    while True:\n"
+        "        sys.stdout.write('x' * 65536)\n"
+        "sys.stdout.write('x' * int(size))\n"
+        "sys.stderr.write('e' * 10_000_000)\n"
+    )
+    config = mock_server_config(
+        server={"backend": "command_bridge", "command": [sys.executable, str(flood)], "command_timeout": 20, "command_max_output_bytes": 100_000}
+    )
+    with RunningServer(config) as server:
+        exact = httpx.post(f"{server.url}/v1/completions", json={"prompt": "100000"}, timeout=30)
+        assert exact.status_code == 200 and len(exact.json()["choices"][0]["text"]) == 100_000
+        started = time.monotonic()
+        for prompt in ("100001", "forever"):
+            over = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt}, timeout=30)
+            assert over.status_code == 502
+            assert over.json()["error"] == {
+                "message": "generation failed: the bridge program wrote more than server.command_max_output_bytes (100000) bytes",
+                "type": "upstream_error", "param": None, "code": "generation_failed",
+            }
+        assert time.monotonic() - started < 10  # killed at the cap, not at the timeout
