@@ -18,7 +18,8 @@ from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.model_source import resolve_model_path
 from hetero_core.server.auth import APIKeyCheck, api_key
-from hetero_core.server.backend import ServingBackend, create_backend
+from hetero_core.server.backend import ServingBackend, backend_name, create_backend
+from hetero_core.server.capabilities import capabilities_of
 from hetero_core.server.completions import add_generation_routes
 from hetero_core.server.connections import log_resource_exhaustion_once
 from hetero_core.server.errors import install_error_handlers
@@ -43,6 +44,7 @@ def create_app(config: EngineConfig, backend: ServingBackend | None = None) -> F
     """The ASGI app; ``backend`` defaults to the one the config names (see :func:`create_backend`)."""
     key = api_key(config.server)  # a key no client could send fails here, at start-up
     backend = create_backend(config) if backend is None else backend
+    capabilities_of(backend, backend_name(config))  # a misspelt capability fails at start-up, not on a request
     model_name = served_model_name(config)
     service = Service(config, backend, model_name, ServerMetrics(model_name, backend.engine_metrics))
 

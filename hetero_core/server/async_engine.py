@@ -32,6 +32,7 @@ from hetero_core.params import GenerationParams
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
 from hetero_core.server.backend import SINGLE_ENGINE
+from hetero_core.server.capabilities import CAPABILITIES
 from hetero_core.server.errors import APIError
 
 log = structlog.get_logger()
@@ -52,6 +53,7 @@ class AsyncEngine:
     """The ``local_engine`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
 
     error_status = 500  # a generation that fails is the server's fault
+    capabilities = CAPABILITIES  # the engine honours every parameter
 
     def __init__(self, config: EngineConfig, *, engine_factory: Callable[[EngineConfig], InferenceEngine] = InferenceEngine) -> None:
         self.config = config

@@ -32,6 +32,13 @@ DeltaQueue = asyncio.Queue  # of (tag, StreamDelta)
 class ServingBackend(Protocol):
     """Submit requests, stream their deltas, abort them, report health and metrics.
 
+    A backend may declare ``capabilities``: a frozenset of the
+    :class:`~hetero_core.params.GenerationParams` field names it honours
+    (:data:`~hetero_core.server.capabilities.CAPABILITIES` for all of them). The
+    server refuses, with a 400 naming the request field, a request that sets
+    any other field; ``max_tokens``, ``temperature`` and ``top_p`` are honoured
+    by every backend, and are all a backend without the attribute is sent.
+
     The server calls :meth:`submit` on a worker thread (it tokenizes and
     checks the input there, off the event loop), :meth:`abort` from the event
     loop or from that worker thread (to withdraw a request whose siblings

@@ -8,7 +8,11 @@ environment (never its API key or other secrets). Its stdout is the
 completion (at most ``command_max_output_bytes``; the program is killed once
 it writes more) and the tail of its stderr is logged. Every failure (a prompt
 an environment variable cannot carry, a missing program, a non-zero exit, a
-timeout, too much output) fails the request with 502 and the reason. At most ``command_concurrency``
+timeout, too much output) fails the request with 502 and the reason. The
+program is given only the prompt, ``max_tokens``, ``temperature`` and
+``top_p``, and runs ``n`` times: a request that sets any other parameter
+(``logprobs``, ``logit_bias``, a constraint, ``stop``, ...) or sends token
+ids is refused with a 400 naming the field. At most ``command_concurrency``
 programs run at once; the rest wait.
 """
 
@@ -25,6 +29,7 @@ from hetero_core.config import ServerConfig
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
+from hetero_core.server.errors import APIError
 
 log = structlog.get_logger()
 
@@ -37,6 +42,7 @@ class CommandBridge:
     """The ``command_bridge`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
 
     error_status = 502  # the program failed, not the server
+    capabilities = frozenset({"n"})  # and the baseline (max_tokens, temperature, top_p): the rest is refused, not dropped
     tokenizer = None
     max_model_len = None
     error: str | None = None
@@ -72,7 +78,7 @@ class CommandBridge:
         if messages is not None:
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         elif not isinstance(prompt, str):
-            prompt = " ".join(str(t) for t in prompt)
+            raise APIError(400, "a prompt of token ids needs a backend with a tokenizer; this one takes text", param="prompt")
         for index in range(params.n):
             key = f"{request_id}/{index}"
             run = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id, index, queue, tag), self._loop)

@@ -14,7 +14,8 @@ import attrs
 
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
-from hetero_core.server.backend import ServingBackend
+from hetero_core.server.backend import ServingBackend, backend_name
+from hetero_core.server.capabilities import capabilities_of, check_capabilities
 from hetero_core.server.errors import APIError
 from hetero_core.server.generation import Input, Prepare
 from hetero_core.server.response_size import TEXT_BYTES_PER_TOKEN, chat_size, completion_size
@@ -33,8 +34,10 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
                 400, f"{len(inputs)} prompts exceed max_waiting_requests ({config.max_waiting_requests}) of this server", param="prompt"
             )
         params = body.params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
+        scoring = "prompt_logprobs" if body.prompt_logprobs is not None else "echo"
+        _check_capabilities(params, backend, config, {"structured_output": body.constraint_field, "prompt_logprobs": scoring})
         _check_request_size(len(inputs), params, backend, config)
-        _check_prompt_scoring(params, backend, "prompt_logprobs" if body.prompt_logprobs is not None else "echo")
+        _check_prompt_scoring(params, backend, scoring)
         if params.prompt_logprobs is not None:  # the response names each prompt token
             inputs = [(backend.tokenizer.encode(p) if isinstance(p, str) else p, None) for p, _ in inputs]
         size = completion_size(
@@ -72,6 +75,8 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
         params = body.params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
         if plan.constraint is not None:
             params = attrs.evolve(params, structured_output=plan.constraint)
+        constraint_field = ("tool_choice" if plan.is_forced else "tools") if plan.constraint is not None else body.constraint_field
+        _check_capabilities(params, backend, config, {"structured_output": constraint_field})
         _check_request_size(1, params, backend, config)
         _check_prompt_scoring(params, backend, "prompt_logprobs")
         size = chat_size(
@@ -134,6 +139,11 @@ def _check_prompt_scoring(params: GenerationParams, backend: ServingBackend, par
     """A backend without a tokenizer (the command bridge) cannot score a prompt: refused, not answered without it."""
     if params.prompt_logprobs is not None and backend.tokenizer is None:
         raise APIError(400, "this server's backend cannot score prompts (it has no tokenizer)", param=param)
+
+
+def _check_capabilities(params: GenerationParams, backend: ServingBackend, config: EngineConfig, fields: dict[str, str | None]) -> None:
+    name = backend_name(config)
+    check_capabilities(params, capabilities_of(backend, name), name, fields)
 
 
 def _check_request_size(num_inputs: int, params: GenerationParams, backend: ServingBackend, config: EngineConfig) -> None:

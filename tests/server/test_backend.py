@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import httpx
+import openai
 import pytest
 from prometheus_client import generate_latest
 
@@ -10,10 +12,14 @@ from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.metrics import EngineMetrics
 from hetero_core.plugins import create_plugin_manager
+from hetero_core.server.app import create_app
 from hetero_core.server.async_engine import AsyncEngine
 from hetero_core.server.backend import ServingBackend, backend_name, create_backend
+from hetero_core.server.capabilities import BASELINE, CAPABILITIES
 from hetero_core.server.command_bridge import CommandBridge
 from hetero_core.server.metrics import ServerMetrics
+
+from .conftest import RunningServer
 
 
 class ReplicatedPlugin:
@@ -76,3 +82,111 @@ def test_replica_metrics_carry_a_replica_label_and_one_engine_none() -> None:
     assert 'vllm:request_success_total{finished_reason="stop",model_name="m",replica="1"} 0.0' in text
     single = generate_latest(ServerMetrics("m", lambda: {"": EngineMetrics(generation_tokens=2)}).registry).decode()
     assert 'vllm:generation_tokens_total{model_name="m"} 2.0' in single
+
+
+THIRD_PARTY_BACKEND = '''
+import asyncio
+
+from hetero_core.hookspecs import hookimpl
+from hetero_core.outputs import StreamDelta
+from hetero_core.sequence import FinishReason
+
+
+class Echo:
+    """Answers each sample with its prompt and the seed; declares what it honours only when given."""
+
+    error_status = 502
+    error = None
+    is_ready = True
+    tokenizer = None
+    max_model_len = None
+
+    def __init__(self, capabilities=None):
+        if capabilities is not None:
+            self.capabilities = frozenset(capabilities)
+
+    def start(self, loop):
+        self.loop = loop
+
+    def stop(self, drain_timeout):
+        pass
+
+    def submit(self, prompt, messages, params, request_id, queue, tag):
+        text = f"{prompt or messages[-1]['content']} seed={params.seed}"
+        for index in range(params.n):
+            delta = StreamDelta(request_id, index, text, [], None, FinishReason.STOP)
+            self.loop.call_soon_threadsafe(queue.put_nowait, (tag, delta))
+
+    def abort(self, request_id):
+        pass
+
+    def engine_metrics(self):
+        return {}
+
+
+@hookimpl
+def register_serving_backends(register):
+    register("echo", lambda config, capabilities=None: Echo(capabilities))
+'''
+
+
+@pytest.fixture
+def third_party(tmp_path, monkeypatch):
+    """A server config on a backend from an installed plugin module, with its ``capabilities`` option."""
+    (tmp_path / "echo_backend.py").write_text(THIRD_PARTY_BACKEND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def config(capabilities: list[str] | None) -> EngineConfig:
+        options = {} if capabilities is None else {"capabilities": capabilities}
+        return EngineConfig.from_mapping(
+            {"plugins": {"load": ["echo_backend"]}, "server": {"backend": "echo", "backend_options": options, "model_name": "echo"}}
+        )
+
+    return config
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"echo": True, "logprobs": 0}, "logprobs"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"logit_bias": {"3": 1}}, "logit_bias"),
+        ({"guided_choice": ["a", "b"]}, "guided_choice"),
+        ({"stop": "x"}, "stop"),
+        ({"seed": 7}, "seed"),
+        ({"priority": 1}, "priority"),
+    ],
+)
+def test_a_backend_that_declares_nothing_gets_only_the_baseline(third_party, body: dict, param: str) -> None:
+    with RunningServer(third_party(None)) as server:
+        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "temperature": 0, "top_p": 0.5}).json()[
+            "choices"
+        ][0]["text"] == "hi seed=None"
+        refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", **body})
+        assert refused.status_code == 400
+        assert refused.json()["error"] == {
+            "message": f"{param} is not supported by this server's backend 'echo'",
+            "type": "invalid_request_error", "param": param, "code": "unsupported_parameter",
+        }
+
+
+def test_a_declared_capability_is_passed_and_the_rest_still_refused(third_party) -> None:
+    with RunningServer(third_party(["seed", "n"])) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        response = client.completions.create(model="echo", prompt="hi", seed=7, n=2)
+        assert [c.text for c in response.choices] == ["hi seed=7", "hi seed=7"]
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}], seed=7, logit_bias={"3": 1})
+        assert refused.value.body["param"] == "logit_bias"
+
+
+def test_a_misspelt_capability_stops_the_server_from_starting(third_party) -> None:
+    with pytest.raises(ConfigError, match="serving backend 'echo' declares unknown capabilities 'logprob'; known: .*logprobs"):
+        create_app(third_party(["seed", "logprob"]))
+
+
+def test_the_engine_backends_honour_every_parameter() -> None:
+    assert AsyncEngine.capabilities == CAPABILITIES
+    assert CommandBridge.capabilities | BASELINE == {"max_tokens", "temperature", "top_p", "n"}

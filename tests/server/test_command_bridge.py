@@ -8,8 +8,10 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
+import pytest
 
 from .conftest import RunningServer, mock_server_config
 
@@ -28,7 +30,7 @@ def test_command_bridge() -> None:
         assert failing.status_code == 502 and "exited with status 3" in failing.json()["error"]["message"]
         slow = httpx.post(f"{server.url}/v1/completions", json={"prompt": "SLEEP"}, timeout=10)
         assert slow.status_code == 502 and "timed out" in slow.json()["error"]["message"]
-        for fields, param in (({"echo": True, "logprobs": 1}, "echo"), ({"prompt_logprobs": 0}, "prompt_logprobs")):
+        for fields, param in (({"echo": True, "logprobs": 1}, "logprobs"), ({"prompt_logprobs": 0}, "prompt_logprobs")):
             scoring = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ping", **fields})
             assert scoring.status_code == 400 and scoring.json()["error"]["param"] == param
 
@@ -140,3 +142,59 @@ def test_output_beyond_command_max_output_bytes_is_a_502_and_the_program_is_kill
                 "type": "upstream_error", "param": None, "code": "generation_failed",
             }
         assert time.monotonic() - started < 10  # killed at the cap, not at the timeout
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "fields", "param"),
+    [
+        ("completions", {"logprobs": 0}, "logprobs"),
+        ("completions", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("completions", {"guided_json": {"type": "object"}}, "guided_json"),
+        ("completions", {"guided_regex": "a+"}, "guided_regex"),
+        ("completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("completions", {"stop": ["\n"]}, "stop"),
+        ("completions", {"seed": 1}, "seed"),
+        ("completions", {"top_k": 5}, "top_k"),
+        ("completions", {"presence_penalty": 0.5}, "presence_penalty"),
+        ("completions", {"skip_special_tokens": False}, "skip_special_tokens"),
+        ("completions", {"prompt": [1, 2, 3]}, "prompt"),
+        ("chat/completions", {"logprobs": True}, "logprobs"),
+        ("chat/completions", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("chat/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}}, "response_format"),
+        ("chat/completions", {"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ("chat/completions", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "weather"}}}, "tool_choice"),
+        ("chat/completions", {"tools": [{"type": "function", "function": {**WEATHER["function"], "strict": True}}]}, "tools"),
+        ("chat/completions", {"prompt_logprobs": 0}, "prompt_logprobs"),
+    ],
+)
+def test_a_bridge_refuses_what_it_cannot_honour_naming_the_field(bridge_server: RunningServer, endpoint: str, fields: dict, param: str) -> None:
+    body = {"prompt": "ping", **fields} if endpoint == "completions" else {"messages": CHAT, **fields}
+    response = httpx.post(f"{bridge_server.url}/v1/{endpoint}", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    if param != "prompt":
+        assert error == {
+            "message": f"{param} is not supported by this server's backend 'command_bridge'",
+            "type": "invalid_request_error", "param": param, "code": "unsupported_parameter",
+        }
+
+
+def test_a_bridge_runs_n_programs_and_takes_the_baseline(bridge_server: RunningServer) -> None:
+    body = {"prompt": "ping", "n": 2, "max_tokens": 3, "temperature": 0.2, "top_p": 0.5, "stream": False}
+    response = httpx.post(f"{bridge_server.url}/v1/completions", json=body, timeout=30)
+    assert response.status_code == 200
+    assert [c["text"] for c in response.json()["choices"]] == ["echo: ping (max_tokens=3, temperature=0.2, top_p=0.5)"] * 2
+    chat = httpx.post(f"{bridge_server.url}/v1/chat/completions", json={"messages": CHAT, "tools": [WEATHER]}, timeout=30)
+    assert chat.status_code == 200  # tool_choice auto without a strict function asks for no constraint
+
+
+@pytest.fixture(scope="module")
+def bridge_server() -> Iterator[RunningServer]:
+    config = mock_server_config(server={"backend": "command_bridge", "command": [sys.executable, str(BRIDGE)], "command_timeout": 10})
+    with RunningServer(config) as server:
+        yield server

@@ -36,6 +36,7 @@ from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
 from hetero_core.server.backend import DeltaQueue
+from hetero_core.server.capabilities import CAPABILITIES
 from hetero_core.server.errors import APIError
 from hetero_serve_ray.fleet import REPLICA_LOST, Fleet, Replica, cause
 from hetero_serve_ray.options import RayBackendOptions
@@ -78,6 +79,7 @@ class RayBackend:
         :class:`~hetero_serve_ray.options.RayBackendOptions`; the defaults when None).
     """
 
+    capabilities = CAPABILITIES  # each replica is a local engine, which honours every parameter
     error_status = 503  # a replica failed: the service is degraded, another try may succeed
 
     def __init__(self, config: EngineConfig, options: RayBackendOptions | None = None) -> None:
