@@ -93,9 +93,15 @@ def _factors(scale: np.ndarray, minimum: np.ndarray, pairs: int) -> np.ndarray:
     float32."""
     rows, per_pair = scale.shape[0], scale.shape[1] // pairs
     factors = np.concatenate([scale.reshape(rows, pairs, per_pair), minimum.reshape(rows, pairs, per_pair)], axis=2)
-    with np.errstate(over="ignore"):  # beyond float16's range: inf, which compares unequal
-        halves = factors.astype(np.float16)
-    packed = halves.view(np.uint16) if np.array_equal(halves.astype(np.float32), factors) else factors
+
+    def as_halves(values: np.ndarray) -> np.ndarray | None:
+        with np.errstate(over="ignore"):  # beyond float16's range: inf, which compares unequal
+            halves = values.astype(np.float16)
+        return halves.view(np.uint16) if np.array_equal(halves.astype(np.float32), values) else None
+
+    # a row's worth first: a layer whose factors are products (Q4_K's) fails there, without a pass over all
+    halves = as_halves(factors) if as_halves(factors[:1]) is not None else None
+    packed = factors if halves is None else halves
     return packed if per_pair == 2 else packed.reshape(rows, pairs, 2, per_pair)
 
 
