@@ -1,4 +1,4 @@
-"""``hetero-infer``: generate, chat, run a batch, serve, list plugins, benchmark."""
+"""``hetero-infer``: generate, chat, run a batch, serve, list plugins, benchmark, export the tokenizer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Callable
 import attrs
 
 from hetero_core.cli.bench import run_benchmark
+from hetero_core.cli.export_tokenizer import build_parser as export_parser, export_tokenizer
 from hetero_core.cli.generate import batch, chat, one_shot
 from hetero_core.cli.options import add_engine_arguments, add_sampling_arguments, engine_config, generation_params
 from hetero_core.errors import CacheMemoryError, ConfigError, EngineError, ValidationError
@@ -31,6 +32,7 @@ examples:
   hetero-infer serve --data-parallel-size 2 [--ray-address HOST:PORT]
   hetero-infer plugins
   hetero-infer bench serve --rate 4       (also: bench throughput, bench attention; --help for each)
+  hetero-infer export-tokenizer DIR       (tokenizer.json and tokenizer_config.json, for transformers and lm-eval)
 """
 
 
@@ -99,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # the benchmark programs parse their own options
         configure_logging(quiet=True)
         return guarded(lambda: run_benchmark(argv[1:]), debug="--debug" in argv)
+    if argv[:1] == ["export-tokenizer"]:  # a positional DIR and the engine flags
+        export_args = export_parser().parse_args(argv[1:])
+        configure_logging(debug=export_args.debug, quiet=not export_args.debug)
+        return guarded(lambda: export_tokenizer(export_args), debug=export_args.debug)
     args = build_parser().parse_args(argv)
     configure_logging(debug=args.debug, quiet=not (args.debug or args.command == "serve" or args.serve))
     return guarded(lambda: run(args), debug=args.debug)

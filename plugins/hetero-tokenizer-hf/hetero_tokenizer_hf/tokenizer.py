@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -40,6 +41,8 @@ class HuggingFaceTokenizer:
         self._chat_template = (
             ChatTemplate(spec.chat_template, special_tokens=special_tokens) if spec.chat_template else None
         )
+        self._special_tokens = special_tokens
+        self._chat_template_source = spec.chat_template
 
     @property
     def backend(self) -> Tokenizer:
@@ -78,6 +81,25 @@ class HuggingFaceTokenizer:
             special_token_ids=self._special_token_ids,
             skip_special_tokens=skip_special_tokens,
         )
+
+    def save_pretrained(self, directory: str | Path) -> list[Path]:
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory`` (created if missing); the paths written.
+
+        ``transformers.AutoTokenizer.from_pretrained(directory)`` then encodes,
+        decodes and renders chats as this tokenizer does: the BOS/EOS it adds is
+        in tokenizer.json's post-processor, the special tokens and the chat
+        template are in tokenizer_config.json, and decoding does no clean-up of
+        spaces (as ``tokenizers`` does not).
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tokenizer_file, config_file = directory / "tokenizer.json", directory / "tokenizer_config.json"
+        self._tokenizer.save(str(tokenizer_file))
+        config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **self._special_tokens}
+        if self._chat_template_source:
+            config["chat_template"] = self._chat_template_source
+        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return [tokenizer_file, config_file]
 
     def apply_chat_template(
         self,

@@ -114,3 +114,17 @@ def test_an_unsupported_tokenizer_model_is_named(write_gguf) -> None:
 def test_an_unsupported_pre_tokenizer_is_named(write_gguf) -> None:
     with pytest.raises(ConfigError, match="pre-tokenizer 'starcoder' is not supported"):
         load_tokenizer(write_gguf(pre="starcoder"))
+
+
+def test_save_pretrained_writes_a_folder_that_loads_as_the_same_tokenizer(embedded, tmp_path: Path) -> None:
+    written = embedded.save_pretrained(tmp_path / "export")
+    assert written == [tmp_path / "export" / "tokenizer.json", tmp_path / "export" / "tokenizer_config.json"]
+    config = json.loads(written[1].read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast" and config["clean_up_tokenization_spaces"] is False
+    assert (config["bos_token"], config["eos_token"]) == ("<|im_start|>", "<|im_end|>")
+    reloaded = load_tokenizer(tmp_path / "export")
+    text = "Hello, wörld <|im_end|> 🙂"
+    assert reloaded.encode(text) == embedded.encode(text)
+    assert (reloaded.bos_token_id, reloaded.eos_token_id, reloaded.vocab_size) == (embedded.bos_token_id, embedded.eos_token_id, embedded.vocab_size)
+    chat = [{"role": "user", "content": "Hi"}]
+    assert reloaded.apply_chat_template(chat) == embedded.apply_chat_template(chat)
