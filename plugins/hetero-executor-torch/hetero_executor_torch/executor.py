@@ -22,13 +22,13 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel
 from hetero_executor_torch.prompt_scoring import score_prompts
-from hetero_executor_torch.quantized import WEIGHT_FORMATS, cpu_flags
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, cpu_flags
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 
 log = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_WARM_UP_TOKENS = 40  # more rows than any packed kernel takes (32) or a norm runs serially for, and several prefill tiles
+CPU_WARM_UP_TOKENS = PACKED_MAX_ROWS  # within the rows the 4-bit packed kernels take: the warm-up widens no 4-bit weight
 
 
 def resolve_device(device: str) -> torch.device:
@@ -216,11 +216,14 @@ class TorchExecutor:
         captured); paying it here keeps it off the first requests, and on
         CUDA the largest prefill shows at start whether its activations fit
         beside the cache. On the CPU each step of a kind runs the same
-        kernels whatever its size: a prefill just over the packed kernels'
-        rows widens the packed weights as the largest would (a 256-token one,
-        and a 32-sequence decode, added half a second to a 0.5B model's start),
-        one sequence runs the one-call layers and three the tiled kernel
-        where the CPU has it; a larger decode runs one of those paths.
+        kernels whatever its size, and the cost of a longer one is the
+        widening of packed weights for steps over the packed kernels' rows:
+        the whole model's at every such step (a 256-token prefill and a
+        32-sequence decode added half a second to a 0.5B model's start, more
+        to a 3B one's). So the prefill stays within the 4-bit kernels' rows,
+        and the first longer step pays the widening kernels' first call
+        (tens of milliseconds) instead; one sequence runs the one-call layers
+        and three the tiled kernel where the CPU has it.
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         cuda = self.device.type == "cuda"
