@@ -48,6 +48,11 @@ class ModelConfig:
             )
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
+        # attention over a sliding window equals full attention up to the window's length: the context stops there
+        positions = config.get("max_position_embeddings", 2048)
+        windowed = config.get("use_sliding_window", architecture == "MistralForCausalLM")
+        if windowed and config.get("sliding_window"):
+            positions = min(positions, config["sliding_window"])
         # transformers 5 writes RoPE's settings as rope_parameters; earlier versions as rope_theta and rope_scaling
         rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), Mapping) else {}
         scaling = config.get("rope_scaling") or rope
@@ -65,7 +70,7 @@ class ModelConfig:
             head_size=config.get("head_dim") or hidden // num_heads,
             rope_theta=float(config.get("rope_theta", rope.get("rope_theta", 10000.0))),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            max_position_embeddings=positions,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2" or bool(config.get("attention_bias", False)),
             eos_token_ids=token_ids(config.get("eos_token_id"), (generation or {}).get("eos_token_id")),

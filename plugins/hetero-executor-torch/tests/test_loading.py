@@ -84,6 +84,26 @@ def test_a_gguf_rope_scaling_the_forward_pass_does_not_compute_is_refused(tmp_pa
         TorchExecutor(EngineConfig(model=str(tmp_path / "yarn.gguf")), dtype="float32")
 
 
+@pytest.mark.parametrize(
+    ("architecture", "extra", "positions"),
+    [
+        ("MistralForCausalLM", {"sliding_window": 256}, 256),
+        ("MistralForCausalLM", {"sliding_window": None}, 1024),
+        ("Qwen2ForCausalLM", {"sliding_window": 256, "use_sliding_window": False}, 1024),
+        ("Qwen2ForCausalLM", {"sliding_window": 256, "use_sliding_window": True}, 256),
+    ],
+)
+def test_a_sliding_window_bounds_the_context(architecture: str, extra: dict, positions: int) -> None:
+    """Full attention computes a windowed model exactly up to its window, so the context ends there."""
+    from hetero_executor_torch.model_config import ModelConfig
+
+    config = {
+        "architectures": [architecture], "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10,
+        "intermediate_size": 8, "num_hidden_layers": 1, "max_position_embeddings": 1024, **extra,
+    }
+    assert ModelConfig.from_hf(config, "m").max_position_embeddings == positions
+
+
 def test_bad_dtype_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="dtype must be one of"):
         TorchExecutor(EngineConfig(model=str(tmp_path)), dtype="float64")
