@@ -40,8 +40,10 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
         _check_prompt_scoring(params, backend, scoring)
         if params.prompt_logprobs is not None:  # the response names each prompt token
             inputs = [(backend.tokenizer.encode(p) if isinstance(p, str) else p, None) for p, _ in inputs]
+        # no choice outlasts the context: past it the request is refused as too long, not as too large
+        longest = min(params.max_tokens, backend.max_model_len or params.max_tokens)
         size = completion_size(
-            [_prompt_size(p) for p, _ in inputs], n=params.n, max_tokens=params.max_tokens, logprobs=body.logprobs,
+            [_prompt_size(p) for p, _ in inputs], n=params.n, max_tokens=longest, logprobs=body.logprobs,
             echo=body.echo, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
         )
         size.check(config.server.max_response_bytes)
@@ -80,7 +82,7 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
         _check_request_size(1, params, backend, config)
         _check_prompt_scoring(params, backend, "prompt_logprobs")
         size = chat_size(
-            len(prompt or ()), n=params.n, max_tokens=max_tokens,
+            len(prompt or ()), n=params.n, max_tokens=max_tokens if prompt is None else min(max_tokens, max(context_left, 0)),
             max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
             top_logprobs=params.logprobs, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
         )

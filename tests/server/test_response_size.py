@@ -64,7 +64,7 @@ def small_server():
         ("/v1/chat/completions", {"max_tokens": 1000, "n": 8}, "max_tokens"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 1000}], "max_tokens": 1, "prompt_logprobs": 1}, "prompt_logprobs"),
         ("/v1/completions", {"max_tokens": 200, "logprobs": 10}, "logprobs"),
-        ("/v1/completions", {"max_tokens": 7000}, "max_tokens"),
+        ("/v1/completions", {"max_tokens": 2000, "n": 4}, "max_tokens"),
         ("/v1/completions", {"prompt": "y" * 1000, "max_tokens": 1, "echo": True, "logprobs": 2}, "echo"),
         ("/v1/completions", {"prompt": "y" * 1000, "max_tokens": 1, "prompt_logprobs": 1}, "prompt_logprobs"),
     ],
