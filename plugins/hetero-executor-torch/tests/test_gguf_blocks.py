@@ -89,19 +89,16 @@ def test_each_8_bit_type_runs_on_torchs_int4_kernel_as_two_halves(kind: T) -> No
     torch.testing.assert_close(halves.matmul(x), x @ dense.T, rtol=1e-4, atol=1e-4 * float(dense.abs().max()))
 
 
-def test_parts_beside_groups_of_16_join_exactly_in_those() -> None:
-    """As a Q4_K_M file's q/k/v projection does: Q5_0 q and k beside a Q6_K v."""
-    parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate((T.Q5_0, T.Q4_K, T.Q6_K))]
+@pytest.mark.parametrize(
+    ("kinds", "group_size"),
+    [((T.Q5_0, T.Q4_K, T.Q8_0), 32), ((T.Q5_0, T.Q4_K, T.Q6_K), 16)],
+    ids=["beside 8-bit", "beside groups of 16"],
+)
+def test_parts_of_a_projection_join_exactly_in_the_finest_form(kinds: tuple[T, ...], group_size: int) -> None:
+    """As a Q4_K_M file's fused projections do: a Q4_K part beside Q5_0 ones (8-bit groups of 32), and
+    Q5_0 q and k beside a Q6_K v (groups of 16)."""
+    parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate(kinds)]
     joined = concat(parts)
-    assert isinstance(joined, ByteQuantized) and joined.group_size == 16
-    expected = torch.cat([p.dequantize() for p in parts])
-    torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
-
-
-def test_4_bit_and_8_bit_parts_join_exactly_in_the_8_bit_form() -> None:
-    """As a Q4_K_M file's fused projections do: a Q4_K part beside Q5_0 ones."""
-    parts = [group_form(random_blocks(kind, 16, 256, i), kind) for i, kind in enumerate((T.Q5_0, T.Q4_K, T.Q8_0))]
-    joined = concat(parts)
-    assert isinstance(joined, ByteQuantized) and joined.group_size == 32
+    assert isinstance(joined, ByteQuantized) and joined.group_size == group_size
     expected = torch.cat([p.dequantize() for p in parts])
     torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))

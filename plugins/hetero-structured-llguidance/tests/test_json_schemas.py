@@ -8,11 +8,9 @@ import random
 import jsonschema
 import pytest
 
-from hetero_core.model_source import resolve_model_path
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.testing.structured_output import Walker
 from hetero_structured_llguidance import LLGuidanceBackend
-from hetero_tokenizer_hf import load_tokenizer
 
 NAME = {"type": "string", "maxLength": 12}
 SCHEMAS = {
@@ -80,16 +78,6 @@ SCHEMAS = {
         "required": ["version", "tag"],
     },
 }
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path(None))
-
-
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    return LLGuidanceBackend(tokenizer)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,12 @@ import jsonschema
 import pytest
 
 from hetero_core.errors import ValidationError
-from hetero_core.model_source import resolve_model_path
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.server.tools import FunctionDefinition, calls_grammar
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.testing.structured_output import Walker
-from hetero_structured_llguidance import LLGuidanceBackend, plugin
+from hetero_structured_llguidance import plugin
 from hetero_structured_llguidance.limits import GrammarLimits
-from hetero_tokenizer_hf import load_tokenizer
 
 THOUSAND_STRINGS = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 4} for i in range(1000)}}
 SELF_REFERENCE = {"$ref": "#"}
@@ -42,16 +40,6 @@ REFUSED = [
         "no text satisfies the grammar",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_path(None))
-
-
-@pytest.fixture(scope="module")
-def backend(tokenizer):
-    return LLGuidanceBackend(tokenizer)
 
 
 @pytest.mark.parametrize(("constraint", "message"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED])
