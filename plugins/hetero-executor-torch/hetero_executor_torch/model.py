@@ -74,6 +74,7 @@ class LlamaModel:
         attention: Callable[..., torch.Tensor] = paged_attention,
         weight_format: str = "dense",
         dense_copy: bool = False,
+        small_batch_kernels: bool = True,
     ) -> None:
         self.config = config
         self.attention = attention
@@ -86,7 +87,8 @@ class LlamaModel:
         self.weight_format = weight_format
 
         def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format, table: bool = False) -> Linear:
-            return make_linear(concat(parts), None if bias is None else bias.to(device=device, dtype=dtype), fmt, dtype, device, table, dense_copy)
+            bias = None if bias is None else bias.to(device=device, dtype=dtype)
+            return make_linear(concat(parts), bias, fmt, dtype, device, table, dense_copy, small_batch_kernels)
 
         try:
             embed = weights.pop("model.embed_tokens.weight")()

@@ -44,6 +44,7 @@ class TorchExecutorOptions:
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
     weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
     dense_copy: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
+    small_batch_kernels: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
 
 
 @hookimpl

@@ -496,11 +496,13 @@ def make_linear(
     device: torch.device,
     table: bool = False,
     dense_copy: bool = False,
+    small_batch_kernels: bool = True,
 ) -> Linear:
     """A linear layer holding ``weight`` in ``weight_format``: ``dense`` (the model's dtype), ``int8``,
     ``int4`` or ``auto`` (packed for weights that arrive group-quantized, else dense). A ``table``
     also looks up embeddings. Packed weights keep a dense copy for steps of many rows only with
-    ``dense_copy`` or where they cannot be widened a tile at a time."""
+    ``dense_copy`` or where they cannot be widened a tile at a time. Without ``small_batch_kernels``,
+    4-bit weights the VNNI kernel runs are held in its layout alone, and steps over its rows widen them."""
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
     if weight_format == "int4" and isinstance(weight, ByteQuantized):
@@ -518,10 +520,11 @@ def make_linear(
         quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
         kernel = vnni_kernel(dtype, device, quantized.shape[1])
         vnni = None if kernel is None else VnniInt4Weights(quantized, kernel)
-        tiles = tiles_kernel(dtype, device, quantized.shape)
+        second = small_batch_kernels or vnni is None  # a layout for steps of a few rows beside the VNNI kernel's
+        tiles = tiles_kernel(dtype, device, quantized.shape) if second else None
         if tiles is not None:
             packed, max_rows = TiledInt4Weights(quantized, tiles), TILED_MAX_ROWS
-        elif quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
+        elif second and quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
             packed, max_rows = Int4Weights(quantized, dtype), PACKED_MAX_ROWS
         elif vnni is not None:
             packed, max_rows = vnni, VNNI_MAX_ROWS

@@ -170,6 +170,22 @@ def test_tiled_layers_in_one_call_compute_their_kernels_calls(int4_ready_model) 
     assert torch.equal(one_call, decode_step(executor, 3))
 
 
+def test_without_small_batch_kernels_the_vnni_layout_alone_serves_and_a_few_rows_widen_it(int4_ready_model) -> None:
+    """``small_batch_kernels: false`` holds 4-bit weights in the VNNI layout only: one sequence still runs
+    the one-call layers on it; three widen the same weights, computing what the default's kernels do."""
+    lean = TorchExecutor(
+        EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba", small_batch_kernels=False
+    )
+    if lean.model.fused.vnni_rows == 0:
+        pytest.skip("no VNNI int4 kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
+    layer = lean.model.layers[0].gate_up
+    assert layer.packed is layer.vnni and lean.model.fused.tiled_rows == 0
+    default = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba")
+    for sequences in (1, 3):
+        expected = decode_step(default, sequences)
+        torch.testing.assert_close(decode_step(lean, sequences), expected, atol=0.05 * float(expected.abs().max()), rtol=0)
+
+
 def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model) -> None:
     """The one-call layers keep the activations float32 under a bfloat16 model: nearer the float32 model's
     stream than the same step with every activation rounded to bfloat16."""
