@@ -43,6 +43,17 @@ def _library_fields(_logger: Any, _method: str, event_dict: dict[str, Any]) -> d
     return {**event_dict, **fields} if fields is not None else event_dict
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written: a stream fixed at configuration would outlive
+    its replacement (a closed one raised in every background task that logged after)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(*, debug: bool = False, quiet: bool = False) -> None:
     """Console lines on a terminal, JSON lines otherwise, on stderr."""
     level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
@@ -51,9 +62,9 @@ def configure_logging(*, debug: bool = False, quiet: bool = False) -> None:
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_Stderr())
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[_library_fields, *shared],

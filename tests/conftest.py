@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import logging
 from typing import Any, Callable, Iterator
 
 import pytest
+import structlog
 
 from hetero_core import plugins
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
+from hetero_core.logs import LIBRARY_LOGGER
 
 REFERENCE_PLUGIN = "hetero_core.testing.reference"
 
@@ -35,6 +38,17 @@ REFERENCE_PLUGIN = "hetero_core.testing.reference"
 def installed_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     """What ``hetero_core.plugins`` finds when nothing hides the installed plugins."""
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=plugins.ENTRY_POINT_GROUP)}
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """The CLI configures logging for the process (a test may run it in-process): put the test-wide settings back."""
+    saved = structlog.get_config()
+    library = logging.getLogger(LIBRARY_LOGGER)
+    handlers, level, propagate = list(library.handlers), library.level, library.propagate
+    yield
+    structlog.configure(**saved)
+    library.handlers[:], library.level, library.propagate = handlers, level, propagate
 
 
 @pytest.fixture(autouse=True, scope="module")
