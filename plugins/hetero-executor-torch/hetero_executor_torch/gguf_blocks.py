@@ -161,8 +161,8 @@ def _q3_k_scales(codes: np.ndarray) -> np.ndarray:
 
 
 def _two_bit(packed: np.ndarray) -> np.ndarray:
-    """Q2_K's and Q3_K's 64 bytes of 2-bit values as 256 inputs: chunk c of 32 bytes, shift 2s, is
-    inputs 128c + 32s .. + 31."""
+    """Q2_K's and Q3_K's 64 bytes of 2-bit values (and Q6_K's high bits) as 256 inputs: chunk c of 32
+    bytes, shift 2s, is inputs 128c + 32s .. + 31."""
     return ((packed.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
 
 
@@ -175,10 +175,9 @@ def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, n
         low = blocks[:, :128].reshape(-1, 2, 2, 32)  # slices 0, 1 in the low nibbles, 2, 3 in the high
         np.bitwise_and(low, 15, out=q[:, :, :2])
         np.right_shift(low, 4, out=q[:, :, 2:])
-        high = blocks[:, 128:192].reshape(-1, 2, 32)  # slice s in bits 2s
-        for s in range(4):
-            q[:, :, s] |= ((high >> (2 * s)) & 3) << 4
-        signed = q.reshape(-1, 256).view(np.int8)
+        q = q.reshape(-1, 256)
+        q |= _two_bit(blocks[:, 128:192]) << 4  # the high two bits, laid out as Q3_K's low ones
+        signed = q.view(np.int8)
         signed -= 32
         scale = _f16(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
         return signed, scale, np.zeros_like(scale)
