@@ -2,22 +2,33 @@
 
 A thread block serves one KV head and the query heads that share it (up to
 ``MAX_GROUP`` of them, so every key and value is read once per group) over a
-chunk of at most ``TOKENS_PER_SPLIT`` context positions:
+chunk of context positions:
 
-1. scores: the chunk's keys are staged through shared memory ``KEY_DIMS``
-   dimensions at a time (coalesced loads), one thread per position;
+1. scores: ``LANES_PER_KEY`` neighbouring threads share one position's key
+   row (each reads every ``LANES_PER_KEY``-th dimension, so a warp reads a few
+   whole rows at once), and their partial dot products are summed through
+   shared memory;
 2. the chunk's maximum and exp-sum per head, by tree reductions;
-3. values: one thread per (head, dimension) output element, coalesced.
+3. values: ``ROW_LANES`` threads (a warp) share one position's value row, a
+   dimension or more each, coalesced; ``ROWS_AT_ONCE`` rows go at once, and
+   their partial sums are added in shared memory.
+
+Each thread walks its positions block by block (no division per position).
 
 Decode is split-K ("flash-decoding"): a block per (sequence, head group,
-chunk), so a long context spreads over many blocks even at batch 1, and a
-second kernel merges the chunks. Prefill gives a block to each (query token,
-head group) and folds its chunks together with an online softmax.
+chunk), and a second kernel merges the chunks. The chunk length is chosen per
+launch from the batch and the block-table width (never from the lengths'
+values, so a captured graph stays valid): short enough that a small batch
+still spreads over the GPU's multiprocessors, at most ``TOKENS_PER_SPLIT``.
+Prefill gives a block to each (query token, head group) and folds its chunks
+together with an online softmax.
 
 Inputs may be numba device arrays, numpy arrays (copied by numba) or torch
 CUDA tensors (launched on torch's current stream, scratch from torch's
-allocator: no host sync). Caches and queries may be float16 or float32;
-everything accumulates in float32. ``context_lens`` must be at least 1, and
+allocator: no host sync). Caches, queries and outputs may be float16,
+float32 or bfloat16 (a torch bfloat16 tensor, or a ``uint16``/``int16``
+array of bfloat16 bits); everything accumulates in float32, and a bfloat16
+output is rounded to nearest even. ``context_lens`` must be at least 1, and
 ``block_tables`` wide enough for the longest context (its width bounds the
 number of decode chunks, so no length needs to be read back to the host).
 
@@ -31,28 +42,37 @@ import math
 import warnings
 
 import numpy as np
-from numba import cuda, float32
+from numba import config as numba_config
+from numba import cuda, float32, int32, int64, types, uint64
 
 from hetero_kernels.cuda_interop import LaunchContext, device_array
 
 TILE = 128  # threads per block (a power of two)
-TOKENS_PER_SPLIT = 256  # context positions per chunk
-KEY_DIMS = 32  # key dimensions staged in shared memory at a time
+TOKENS_PER_SPLIT = 256  # the longest chunk of context positions
+MIN_TOKENS_PER_SPLIT = 64  # the shortest chunk a decode launch picks
+LANES_PER_KEY = 4  # threads sharing one key row in the score pass
+ROW_LANES = 32  # threads sharing one value row in the value pass (a warp)
 MAX_GROUP = 4  # query heads per block (more share a KV head: several blocks serve them)
 MAX_HEAD_SIZE = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per thread block
+BLOCKS_PER_MULTIPROCESSOR = 2  # decode chunks are shortened until the grid has this many blocks per SM
 
-# Shared-memory array sizes must be single compile-time constants: kept in step by configure().
+# Shared and local array sizes must be single compile-time constants: kept in step by configure().
+ROWS_AT_ONCE = TILE // ROW_LANES
+KEYS_AT_ONCE = TILE // LANES_PER_KEY
+DIMS_PER_LANE = -(-MAX_HEAD_SIZE // ROW_LANES)
 _QUERY_SIZE = MAX_GROUP * MAX_HEAD_SIZE
 _SCORES_SIZE = MAX_GROUP * TOKENS_PER_SPLIT
-_KEYS_SIZE = TILE * (KEY_DIMS + 1)
 _SCRATCH_SIZE = MAX_GROUP * TILE
 _STATS_SIZE = 2 * MAX_GROUP
+_ROWS_SIZE = ROWS_AT_ONCE * _QUERY_SIZE
+_ACC_SIZE = MAX_GROUP * DIMS_PER_LANE
 
 
-def _prefill_shared_bytes(tile: int, tokens_per_split: int, key_dims: int, max_group: int, max_head_size: int) -> int:
+def _prefill_shared_bytes(tile: int, tokens_per_split: int, row_lanes: int, max_group: int, max_head_size: int) -> int:
     """The prefill kernel's shared arrays (the decode kernel's are a subset), in bytes."""
-    floats = 2 * max_group * max_head_size + max_group * tokens_per_split + tile * (key_dims + 1) + max_group * tile + 4 * max_group
+    rows_at_once = tile // row_lanes
+    floats = (2 + rows_at_once) * max_group * max_head_size + max_group * tokens_per_split + max_group * tile + 4 * max_group
     return 4 * floats
 
 
@@ -60,7 +80,9 @@ def configure(
     *,
     tile: int | None = None,
     tokens_per_split: int | None = None,
-    key_dims: int | None = None,
+    min_tokens_per_split: int | None = None,
+    lanes_per_key: int | None = None,
+    row_lanes: int | None = None,
     max_group: int | None = None,
     max_head_size: int | None = None,
 ) -> None:
@@ -68,22 +90,78 @@ def configure(
 
     Only before the first launch: on a GPU the constants are compiled into the kernels.
     """
-    global TILE, TOKENS_PER_SPLIT, KEY_DIMS, MAX_GROUP, MAX_HEAD_SIZE, _QUERY_SIZE, _SCORES_SIZE, _KEYS_SIZE, _SCRATCH_SIZE, _STATS_SIZE
-    if any(getattr(kernel, "overloads", None) for kernel in (_decode_split_kernel, _merge_splits_kernel, _prefill_kernel)):
+    global TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY, ROW_LANES, MAX_GROUP, MAX_HEAD_SIZE
+    global ROWS_AT_ONCE, KEYS_AT_ONCE, DIMS_PER_LANE, _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE, _ROWS_SIZE, _ACC_SIZE
+    if any(getattr(kernel, "overloads", None) for kernel in (_decode_split_kernel, _merge_splits_kernel, _prefill_kernel, _write_kv_kernel)):
         raise RuntimeError("hetero_kernels.cuda.configure() must run before the first kernel launch")
     tile = TILE if tile is None else tile
     tokens_per_split = TOKENS_PER_SPLIT if tokens_per_split is None else tokens_per_split
-    key_dims = KEY_DIMS if key_dims is None else key_dims
+    min_tokens_per_split = MIN_TOKENS_PER_SPLIT if min_tokens_per_split is None else min_tokens_per_split
+    lanes_per_key = LANES_PER_KEY if lanes_per_key is None else lanes_per_key
+    row_lanes = min(ROW_LANES, tile) if row_lanes is None else row_lanes
     max_group = MAX_GROUP if max_group is None else max_group
     max_head_size = MAX_HEAD_SIZE if max_head_size is None else max_head_size
     if tile < 1 or tile > 1024 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two up to 1024 (threads per block), got {tile}")
-    shared = _prefill_shared_bytes(tile, tokens_per_split, key_dims, max_group, max_head_size)
+    if lanes_per_key < 1 or tile % lanes_per_key:
+        raise ValueError(f"lanes_per_key must divide the tile ({tile} threads), got {lanes_per_key}")
+    if row_lanes < 1 or tile % row_lanes:
+        raise ValueError(f"row_lanes must divide the tile ({tile} threads), got {row_lanes}")
+    if not 1 <= min_tokens_per_split <= tokens_per_split:
+        raise ValueError(f"min_tokens_per_split must be between 1 and tokens_per_split ({tokens_per_split}), got {min_tokens_per_split}")
+    shared = _prefill_shared_bytes(tile, tokens_per_split, row_lanes, max_group, max_head_size)
     if shared > MAX_SHARED_BYTES:
         raise ValueError(f"this launch shape needs {shared} bytes of shared memory per block; the limit is {MAX_SHARED_BYTES}")
-    TILE, TOKENS_PER_SPLIT, KEY_DIMS, MAX_GROUP, MAX_HEAD_SIZE = tile, tokens_per_split, key_dims, max_group, max_head_size
-    _QUERY_SIZE, _SCORES_SIZE, _KEYS_SIZE = MAX_GROUP * MAX_HEAD_SIZE, MAX_GROUP * TOKENS_PER_SPLIT, TILE * (KEY_DIMS + 1)
-    _SCRATCH_SIZE, _STATS_SIZE = MAX_GROUP * TILE, 2 * MAX_GROUP
+    TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY = tile, tokens_per_split, min_tokens_per_split, lanes_per_key
+    ROW_LANES, MAX_GROUP, MAX_HEAD_SIZE = row_lanes, max_group, max_head_size
+    ROWS_AT_ONCE, KEYS_AT_ONCE, DIMS_PER_LANE = TILE // ROW_LANES, TILE // LANES_PER_KEY, -(-MAX_HEAD_SIZE // ROW_LANES)
+    _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE = MAX_GROUP * MAX_HEAD_SIZE, MAX_GROUP * TOKENS_PER_SPLIT, MAX_GROUP * TILE, 2 * MAX_GROUP
+    _ROWS_SIZE, _ACC_SIZE = ROWS_AT_ONCE * _QUERY_SIZE, MAX_GROUP * DIMS_PER_LANE
+
+
+# ---------------------------------------------------------------------- elements: float16, float32, bfloat16 bits
+
+
+def widen(element):
+    """An element as float32; a 16-bit integer element holds bfloat16 bits (exact)."""
+    if isinstance(element, (np.uint16, np.int16)):
+        return (np.asarray(element).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)[()]
+    return np.float32(element)
+
+
+def narrow(array, value):
+    """``value`` (float32) as an element of ``array``: bfloat16 bits rounded to nearest even for a 16-bit integer array."""
+    if array.dtype in (np.uint16, np.int16):
+        bits = np.array([value], dtype=np.float32).view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16
+        return rounded.astype(np.uint16).view(array.dtype)[0]
+    return array.dtype.type(value)
+
+
+if not numba_config.ENABLE_CUDASIM:  # the simulator runs the Python functions above
+    from numba.cuda import libdevice
+    from numba.cuda.extending import overload
+
+    @overload(widen, target="cuda")
+    def _widen_on_gpu(element):
+        if isinstance(element, types.Integer):
+            return lambda element: libdevice.int_as_float(int32(element) << 16)
+        return lambda element: float32(element)
+
+    @overload(narrow, target="cuda")
+    def _narrow_on_gpu(array, value):
+        dtype = array.dtype
+        if isinstance(dtype, types.Integer):
+
+            def to_bits(array, value):
+                bits = int64(libdevice.float_as_int(value)) & 0xFFFFFFFF
+                return dtype((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+
+            return to_bits
+        return lambda array, value: dtype(value)
+
+
+# ---------------------------------------------------------------------- device functions
 
 
 @cuda.jit(device=True)
@@ -101,7 +179,48 @@ def _tree_reduce(values, num_heads, tid, use_max):
 
 
 @cuda.jit(device=True)
-def _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, keys, scratch, stats, tid):
+def _chunk_scores(q_shared, k_cache, table, kv_head, start, count, scores, scratch, tid):
+    """``scores[g * TOKENS_PER_SPLIT + t]`` = query ``g`` . key of position ``start + t``, for ``t < count``
+    and every query row (rows past the group's heads hold zero queries).
+
+    The inner loop indexes with unsigned integers: numba adds a negative-index
+    wraparound to every signed index, which would cost more than the arithmetic.
+    """
+    block_size = k_cache.shape[1]
+    head_size, head = uint64(k_cache.shape[3]), uint64(kv_head)
+    lane, slot = tid % LANES_PER_KEY, tid // LANES_PER_KEY
+    dots = cuda.local.array(MAX_GROUP, float32)
+    position = start + slot
+    block_index, offset = position // block_size, position % block_size
+    for first in range(0, count, KEYS_AT_ONCE):
+        for g in range(MAX_GROUP):
+            dots[g] = 0.0
+        if first + slot < count:
+            block, row = uint64(table[block_index]), uint64(offset)
+            dim = uint64(lane)
+            while dim < head_size:
+                key = widen(k_cache[block, row, head, dim])
+                for g in range(MAX_GROUP):
+                    dots[g] += q_shared[dim + uint64(g * MAX_HEAD_SIZE)] * key
+                dim += uint64(LANES_PER_KEY)
+        for g in range(MAX_GROUP):
+            scratch[g * TILE + tid] = dots[g]
+        cuda.syncthreads()
+        if lane == 0 and first + slot < count:
+            for g in range(MAX_GROUP):
+                total = float32(0.0)
+                for other in range(LANES_PER_KEY):
+                    total += scratch[g * TILE + tid + other]
+                scores[g * TOKENS_PER_SPLIT + first + slot] = total
+        cuda.syncthreads()
+        offset += KEYS_AT_ONCE
+        while offset >= block_size:
+            offset -= block_size
+            block_index += 1
+
+
+@cuda.jit(device=True)
+def _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid):
     """Softmax weights of positions [start, end) for ``num_heads`` heads.
 
     On return ``scores[g * TOKENS_PER_SPLIT + t]`` is ``exp(s - m_g)`` for
@@ -109,39 +228,16 @@ def _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, sco
     ``stats[MAX_GROUP + g]`` the sum of the weights. ``q_shared`` holds the
     queries, already scaled, with a row of ``MAX_HEAD_SIZE`` per head.
     """
-    block_size = k_cache.shape[1]
-    head_size = k_cache.shape[3]
     count = end - start
+    _chunk_scores(q_shared, k_cache, table, kv_head, start, count, scores, scratch, tid)
     # Per-thread values live in MAX_GROUP-long local arrays indexed only in loops
-    # of constant trip count, so they can stay in registers; rows past
-    # ``num_heads`` hold zero queries and are ignored.
+    # of constant trip count, so they can stay in registers.
     thread_max = cuda.local.array(MAX_GROUP, float32)
-    dots = cuda.local.array(MAX_GROUP, float32)
     for g in range(MAX_GROUP):
         thread_max[g] = -math.inf
-    for tile in range(0, count, TILE):
-        t = tile + tid
+    for t in range(tid, count, TILE):
         for g in range(MAX_GROUP):
-            dots[g] = 0.0
-        for first_dim in range(0, head_size, KEY_DIMS):
-            for item in range(tid, TILE * KEY_DIMS, TILE):
-                row, dim = item // KEY_DIMS, item % KEY_DIMS
-                position = start + tile + row
-                if position < end and first_dim + dim < head_size:
-                    block = table[position // block_size]
-                    keys[row * (KEY_DIMS + 1) + dim] = k_cache[block, position % block_size, kv_head, first_dim + dim]
-            cuda.syncthreads()
-            if t < count:
-                for dim in range(min(KEY_DIMS, head_size - first_dim)):
-                    key = float32(keys[tid * (KEY_DIMS + 1) + dim])
-                    for g in range(MAX_GROUP):
-                        dots[g] += q_shared[g * MAX_HEAD_SIZE + first_dim + dim] * key
-            cuda.syncthreads()
-        if t < count:
-            for g in range(MAX_GROUP):
-                if g < num_heads:
-                    scores[g * TOKENS_PER_SPLIT + t] = dots[g]
-                    thread_max[g] = max(thread_max[g], dots[g])
+            thread_max[g] = max(thread_max[g], scores[g * TOKENS_PER_SPLIT + t])
     for g in range(MAX_GROUP):
         if g < num_heads:
             scratch[g * TILE + tid] = thread_max[g]
@@ -150,7 +246,7 @@ def _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, sco
     if tid < num_heads:
         stats[tid] = scratch[tid * TILE]
     cuda.syncthreads()
-    thread_sum = dots
+    thread_sum = thread_max
     for g in range(MAX_GROUP):
         thread_sum[g] = 0.0
     for t in range(tid, count, TILE):
@@ -170,15 +266,46 @@ def _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, sco
 
 
 @cuda.jit(device=True)
-def _weighted_value(v_cache, table, kv_head, start, count, scores, g, dim):
-    """Sum over the chunk's positions of weight x value, for head ``g`` and dimension ``dim``."""
+def _chunk_values(v_cache, table, kv_head, num_heads, start, count, scores, rows, tid):
+    """Weighted sums of the chunk's value rows, in ``ROWS_AT_ONCE`` parts: part ``r`` (the rows
+    ``r, r + ROWS_AT_ONCE, ...``) of head ``g``, dimension ``d`` at ``rows[r * _QUERY_SIZE + g * MAX_HEAD_SIZE + d]``.
+    Unsigned indices in the inner loop, as in :func:`_chunk_scores`."""
     block_size = v_cache.shape[1]
-    acc = float32(0.0)
-    for t in range(count):
-        position = start + t
-        block = table[position // block_size]
-        acc += scores[g * TOKENS_PER_SPLIT + t] * float32(v_cache[block, position % block_size, kv_head, dim])
-    return acc
+    head_size, head = uint64(v_cache.shape[3]), uint64(kv_head)
+    lane, part = tid % ROW_LANES, tid // ROW_LANES
+    acc = cuda.local.array(_ACC_SIZE, float32)
+    for i in range(_ACC_SIZE):
+        acc[i] = 0.0
+    position = start + part
+    block_index, offset = position // block_size, position % block_size
+    for t in range(part, count, ROWS_AT_ONCE):
+        block, row, weight_index = uint64(table[block_index]), uint64(offset), uint64(t)
+        for j in range(DIMS_PER_LANE):
+            dim = uint64(lane + j * ROW_LANES)
+            if dim < head_size:
+                value = widen(v_cache[block, row, head, dim])
+                for g in range(MAX_GROUP):
+                    if g < num_heads:
+                        acc[g * DIMS_PER_LANE + j] += scores[weight_index + uint64(g * TOKENS_PER_SPLIT)] * value
+        offset += ROWS_AT_ONCE
+        while offset >= block_size:
+            offset -= block_size
+            block_index += 1
+    for j in range(DIMS_PER_LANE):
+        dim = lane + j * ROW_LANES
+        if dim < v_cache.shape[3]:
+            for g in range(MAX_GROUP):
+                rows[part * _QUERY_SIZE + g * MAX_HEAD_SIZE + dim] = acc[g * DIMS_PER_LANE + j]
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
+def _summed_rows(rows, g, dim):
+    """Head ``g``'s weighted value sum at ``dim``: the parts of :func:`_chunk_values` added."""
+    total = float32(0.0)
+    for part in range(ROWS_AT_ONCE):
+        total += rows[part * _QUERY_SIZE + g * MAX_HEAD_SIZE + dim]
+    return total
 
 
 @cuda.jit(device=True)
@@ -189,7 +316,7 @@ def _load_queries(q_shared, query, token, first_head, num_heads, scale, tid):
         g, dim = item // head_size, item % head_size
         value = float32(0.0)
         if g < num_heads:
-            value = float32(query[token, first_head + g, dim]) * scale
+            value = widen(query[token, first_head + g, dim]) * scale
         q_shared[g * MAX_HEAD_SIZE + dim] = value
     cuda.syncthreads()
 
@@ -203,6 +330,9 @@ def _head_group(num_heads, num_kv_heads, heads_per_block, blocks_per_kv_head, y)
     return kv_head, first_head, min(heads_per_block, (kv_head + 1) * group - first_head)
 
 
+# ---------------------------------------------------------------------- kernels
+
+
 @cuda.jit
 def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping):
     token = cuda.blockIdx.x
@@ -214,42 +344,43 @@ def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping):
     kv_heads, head_size = key.shape[1], key.shape[2]
     for item in range(cuda.threadIdx.x, kv_heads * head_size, cuda.blockDim.x):
         head, dim = item // head_size, item % head_size
-        k_cache[block, offset, head, dim] = key[token, head, dim]
-        v_cache[block, offset, head, dim] = value[token, head, dim]
+        k_cache[block, offset, head, dim] = narrow(k_cache, widen(key[token, head, dim]))
+        v_cache[block, offset, head, dim] = narrow(v_cache, widen(value[token, head, dim]))
 
 
 @cuda.jit
 def _decode_split_kernel(
-    partial_acc, partial_stats, query, k_cache, v_cache, block_tables, context_lens, scale, heads_per_block, blocks_per_kv_head
+    partial_acc, partial_stats, query, k_cache, v_cache, block_tables, context_lens, scale, heads_per_block, blocks_per_kv_head, split_len
 ):
     b, split, tid = cuda.blockIdx.x, cuda.blockIdx.z, cuda.threadIdx.x
-    start = split * TOKENS_PER_SPLIT
+    start = split * split_len
     length = context_lens[b]
     if start >= length:
         return
-    end = min(length, start + TOKENS_PER_SPLIT)
+    end = min(length, start + split_len)
     q_shared = cuda.shared.array(_QUERY_SIZE, float32)
     scores = cuda.shared.array(_SCORES_SIZE, float32)
-    keys = cuda.shared.array(_KEYS_SIZE, float32)
     scratch = cuda.shared.array(_SCRATCH_SIZE, float32)
     stats = cuda.shared.array(_STATS_SIZE, float32)
+    rows = cuda.shared.array(_ROWS_SIZE, float32)
     kv_head, first_head, num_heads = _head_group(query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y)
     _load_queries(q_shared, query, b, first_head, num_heads, scale, tid)
     table = block_tables[b]
-    _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, keys, scratch, stats, tid)
+    _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid)
+    _chunk_values(v_cache, table, kv_head, num_heads, start, end - start, scores, rows, tid)
     head_size = query.shape[2]
     for item in range(tid, num_heads * head_size, TILE):
         g, dim = item // head_size, item % head_size
-        partial_acc[b, first_head + g, split, dim] = _weighted_value(v_cache, table, kv_head, start, end - start, scores, g, dim)
+        partial_acc[b, first_head + g, split, dim] = _summed_rows(rows, g, dim)
     if tid < num_heads:
         partial_stats[b, first_head + tid, split, 0] = stats[tid]
         partial_stats[b, first_head + tid, split, 1] = stats[MAX_GROUP + tid]
 
 
 @cuda.jit
-def _merge_splits_kernel(out, partial_acc, partial_stats, context_lens):
+def _merge_splits_kernel(out, partial_acc, partial_stats, context_lens, split_len):
     b, head = cuda.blockIdx.x, cuda.blockIdx.y
-    num_splits = (context_lens[b] + TOKENS_PER_SPLIT - 1) // TOKENS_PER_SPLIT
+    num_splits = (context_lens[b] + split_len - 1) // split_len
     best = float32(-math.inf)
     for split in range(num_splits):
         best = max(best, partial_stats[b, head, split, 0])
@@ -260,7 +391,7 @@ def _merge_splits_kernel(out, partial_acc, partial_stats, context_lens):
         acc = float32(0.0)
         for split in range(num_splits):
             acc += partial_acc[b, head, split, dim] * math.exp(partial_stats[b, head, split, 0] - best)
-        out[b, head, dim] = acc / total
+        out[b, head, dim] = narrow(out, acc / total)
 
 
 @cuda.jit(device=True)
@@ -281,9 +412,9 @@ def _prefill_kernel(out, query, k_cache, v_cache, block_tables, query_start_loc,
     token, tid = cuda.blockIdx.x, cuda.threadIdx.x
     q_shared = cuda.shared.array(_QUERY_SIZE, float32)
     scores = cuda.shared.array(_SCORES_SIZE, float32)
-    keys = cuda.shared.array(_KEYS_SIZE, float32)
     scratch = cuda.shared.array(_SCRATCH_SIZE, float32)
     stats = cuda.shared.array(_STATS_SIZE, float32)
+    rows = cuda.shared.array(_ROWS_SIZE, float32)
     running = cuda.shared.array(_STATS_SIZE, float32)  # running max, running sum per head
     acc = cuda.shared.array(_QUERY_SIZE, float32)
     kv_head, first_head, num_heads = _head_group(query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y)
@@ -301,12 +432,12 @@ def _prefill_kernel(out, query, k_cache, v_cache, block_tables, query_start_loc,
     cuda.syncthreads()
     for start in range(0, visible, TOKENS_PER_SPLIT):
         end = min(visible, start + TOKENS_PER_SPLIT)
-        _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, keys, scratch, stats, tid)
+        _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid)
+        _chunk_values(v_cache, table, kv_head, num_heads, start, end - start, scores, rows, tid)
         for item in range(tid, num_heads * head_size, TILE):
             g, dim = item // head_size, item % head_size
             new_max = max(running[g], stats[g])
-            chunk_value = _weighted_value(v_cache, table, kv_head, start, end - start, scores, g, dim)
-            acc[item] = acc[item] * math.exp(running[g] - new_max) + chunk_value * math.exp(stats[g] - new_max)
+            acc[item] = acc[item] * math.exp(running[g] - new_max) + _summed_rows(rows, g, dim) * math.exp(stats[g] - new_max)
         cuda.syncthreads()
         if tid < num_heads:
             new_max = max(running[tid], stats[tid])
@@ -317,7 +448,10 @@ def _prefill_kernel(out, query, k_cache, v_cache, block_tables, query_start_loc,
         cuda.syncthreads()
     for item in range(tid, num_heads * head_size, TILE):
         g, dim = item // head_size, item % head_size
-        out[token, first_head + g, dim] = acc[item] / running[MAX_GROUP + g]
+        out[token, first_head + g, dim] = narrow(out, acc[item] / running[MAX_GROUP + g])
+
+
+# ---------------------------------------------------------------------- launches
 
 
 def _head_grouping(num_heads: int, num_kv_heads: int, head_size: int) -> tuple[int, int]:
@@ -329,6 +463,26 @@ def _head_grouping(num_heads: int, num_kv_heads: int, head_size: int) -> tuple[i
     group = num_heads // num_kv_heads
     blocks_per_kv_head = -(-group // MAX_GROUP)
     return -(-group // blocks_per_kv_head), blocks_per_kv_head
+
+
+_MULTIPROCESSORS: dict[int | None, int] = {}
+
+
+def _multiprocessors() -> int:
+    """The current GPU's multiprocessor count (the simulator's device reports none: one)."""
+    device = cuda.get_current_device()
+    key = getattr(device, "id", None)
+    if key not in _MULTIPROCESSORS:
+        _MULTIPROCESSORS[key] = int(getattr(device, "MULTIPROCESSOR_COUNT", 1))
+    return _MULTIPROCESSORS[key]
+
+
+def split_length(batch: int, block_groups: int, max_context_len: int, multiprocessors: int) -> int:
+    """Decode chunk length: short enough for ``BLOCKS_PER_MULTIPROCESSOR`` blocks per multiprocessor where
+    the batch allows, within [MIN_TOKENS_PER_SPLIT, TOKENS_PER_SPLIT]."""
+    wanted_splits = -(-BLOCKS_PER_MULTIPROCESSOR * multiprocessors // (batch * block_groups))
+    length = -(-max_context_len // wanted_splits)
+    return max(MIN_TOKENS_PER_SPLIT, min(TOKENS_PER_SPLIT, length))
 
 
 def _configured(kernel, grid, block: int, stream):
@@ -356,17 +510,18 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
         return
     heads_per_block, blocks_per_kv_head = _head_grouping(num_heads, k_cache.shape[2], head_size)
     launch = LaunchContext(out, query, k_cache, v_cache, block_tables, context_lens)
+    block_groups = k_cache.shape[2] * blocks_per_kv_head
     max_context_len = block_tables.shape[1] * k_cache.shape[1]
-    num_splits = max(1, -(-max_context_len // TOKENS_PER_SPLIT))
+    split_len = split_length(batch, block_groups, max_context_len, _multiprocessors())
+    num_splits = max(1, -(-max_context_len // split_len))
     partial_acc = launch.empty((batch, num_heads, num_splits, head_size))
     partial_stats = launch.empty((batch, num_heads, num_splits, 2))
     arrays = [device_array(a) for a in (query, k_cache, v_cache, block_tables, context_lens)]
-    grid = (batch, k_cache.shape[2] * blocks_per_kv_head, num_splits)
-    _configured(_decode_split_kernel, grid, TILE, launch.stream)(
-        partial_acc, partial_stats, *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head
+    _configured(_decode_split_kernel, (batch, block_groups, num_splits), TILE, launch.stream)(
+        partial_acc, partial_stats, *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head, split_len
     )
     merge = _configured(_merge_splits_kernel, (batch, num_heads), min(TILE, head_size), launch.stream)
-    merge(device_array(out), partial_acc, partial_stats, arrays[-1])
+    merge(device_array(out), partial_acc, partial_stats, arrays[-1], split_len)
 
 
 def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float) -> None:

@@ -20,7 +20,8 @@ def _torch_cuda_tensor(array: Any) -> bool:
 
 def device_array(array: Any) -> Any:
     """What a kernel launch accepts: numba device arrays and numpy arrays as they are,
-    anything else with ``__cuda_array_interface__`` (torch CUDA tensors) wrapped without a copy.
+    anything else with ``__cuda_array_interface__`` (torch CUDA tensors) wrapped without a copy,
+    a torch bfloat16 tensor as its bits (``int16``).
 
     The wrap does not synchronise the producer's stream: the kernels run on that
     same stream (see :class:`LaunchContext`), which already orders them after it.
@@ -28,7 +29,7 @@ def device_array(array: Any) -> Any:
     if isinstance(array, np.ndarray) or hasattr(array, "copy_to_host"):
         return array
     if _torch_cuda_tensor(array) and array.dtype == sys.modules["torch"].bfloat16:
-        raise TypeError("the CUDA kernels take float16 or float32 tensors: numba has no bfloat16")
+        array = array.view(sys.modules["torch"].int16)  # numba has no bfloat16: the kernels read its bits
     return cuda.as_cuda_array(array, sync=False)
 
 

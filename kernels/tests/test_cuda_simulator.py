@@ -20,4 +20,4 @@ def test_cuda_kernels_on_the_simulator() -> None:
     command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(SIMULATED)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "5 passed" in result.stdout, result.stdout[-2000:]
+    assert "7 passed" in result.stdout, result.stdout[-2000:]

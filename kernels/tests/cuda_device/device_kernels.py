@@ -15,10 +15,13 @@ from numba import cuda
 
 from hetero_kernels import cuda as kernels
 from hetero_kernels import reference
-from paged_problems import Problem, problems
+from hetero_kernels.dtypes import widen
+from paged_problems import BFLOAT16, Problem, problems
 
 ATOL, RTOL = 5e-5, 5e-4
-gpu_problems = problems(max_batch=4, max_group=8, max_kv_heads=3, head_sizes=(8, 64, 80, 128), block_sizes=(1, 16, 32), max_len=1200)
+gpu_problems = problems(
+    max_batch=4, max_group=8, max_kv_heads=3, head_sizes=(8, 64, 80, 128), block_sizes=(1, 16, 32), max_len=1200, cache_dtypes=(np.float32, np.float16, BFLOAT16)
+)
 
 
 def on_device(problem: Problem, args: tuple) -> list:
@@ -63,3 +66,27 @@ def test_torch_tensors_on_the_current_stream(problem: Problem) -> None:
     k_expected = problem.k_cache.copy()
     reference.write_kv(key, value, k_expected, problem.v_cache.copy(), slots)
     np.testing.assert_array_equal(args[1].cpu().numpy(), k_expected)
+
+
+@settings(max_examples=10, deadline=None)
+@given(gpu_problems)
+def test_torch_bfloat16_tensors_in_and_out(problem: Problem) -> None:
+    """A bfloat16 model's tensors as they are: bfloat16 queries, cache and output (rounded once)."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+
+    def bfloat16(a: np.ndarray):
+        tensor = torch.from_numpy(a.astype(np.int16) if a.dtype == np.uint16 else a).cuda()
+        return tensor.view(torch.bfloat16) if a.dtype == np.uint16 else tensor.bfloat16()
+
+    query, k_cache, v_cache = bfloat16(problem.query), bfloat16(problem.k_cache), bfloat16(problem.v_cache)
+    tables, lens = (torch.from_numpy(a).cuda() for a in (problem.block_tables, problem.context_lens))
+    out = torch.empty_like(query)
+    kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lens, problem.scale)
+    as_numpy = lambda t: t.float().cpu().numpy()  # noqa: E731
+    expected = np.zeros_like(problem.query)
+    reference.paged_decode_attention(expected, as_numpy(query), as_numpy(k_cache), as_numpy(v_cache), problem.block_tables, problem.context_lens, problem.scale)
+    np.testing.assert_allclose(as_numpy(out), widen(expected.astype(np.float32)), atol=ATOL, rtol=1e-2)

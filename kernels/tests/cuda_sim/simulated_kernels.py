@@ -6,10 +6,12 @@ before ``numba.cuda`` is first imported, so it cannot share a process with
 the other tests). The file name keeps the main test run from collecting it.
 
 The simulator runs every GPU thread as a Python thread, so the launch shape is
-shrunk (8 threads a block, chunks of 16 positions, 4 key dimensions staged at a
-time, 2 query heads a block) and the problems are tiny; they still cross
-thread tiles, chunks, staged dimension groups and head groups.
-Tolerances: float32 accumulation against the float64 reference, atol 1e-5 / rtol 1e-4.
+shrunk (8 threads a block, 2 threads a key row, 4 a value row, chunks of 4 to
+16 positions, 2 query heads a block) and the problems are tiny; they still
+cross thread tiles, chunks of every length a launch may pick, the parts of the
+value pass and head groups. Caches are float32, float16 and bfloat16 bits.
+Tolerances: float32 accumulation against the float64 reference, atol 1e-5 / rtol 1e-4;
+a 16-bit output adds its own rounding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
@@ -26,12 +29,15 @@ from numba import config, cuda  # noqa: E402
 
 from hetero_kernels import cuda as kernels  # noqa: E402
 from hetero_kernels import reference  # noqa: E402
-from paged_problems import Problem, problems  # noqa: E402
+from hetero_kernels.dtypes import bfloat16_bits, widen  # noqa: E402
+from paged_problems import BFLOAT16, Problem, problems  # noqa: E402
 
-kernels.configure(tile=8, tokens_per_split=16, key_dims=4, max_group=2)
+kernels.configure(tile=8, tokens_per_split=16, min_tokens_per_split=4, lanes_per_key=2, row_lanes=4, max_group=2)
 
 ATOL, RTOL = 1e-5, 1e-4
-tiny_problems = problems(max_batch=2, max_group=3, max_kv_heads=2, head_sizes=(1, 4, 6), block_sizes=(1, 3, 4), max_len=20)
+tiny_problems = problems(
+    max_batch=2, max_group=3, max_kv_heads=2, head_sizes=(1, 4, 6), block_sizes=(1, 3, 4), max_len=20, cache_dtypes=(np.float32, np.float16, BFLOAT16)
+)
 
 
 def test_the_simulator_is_running_the_kernels() -> None:
@@ -58,14 +64,25 @@ def test_configure_refuses_launch_shapes_a_gpu_cannot_run() -> None:
     with pytest.raises(ValueError, match="up to 1024"):
         kernels.configure(tile=2048)
     with pytest.raises(ValueError, match="shared memory"):
-        kernels.configure(tile=256, tokens_per_split=256, key_dims=32, max_group=8)
+        kernels.configure(tile=256, tokens_per_split=256, row_lanes=32, max_group=8)
+    with pytest.raises(ValueError, match="lanes_per_key"):
+        kernels.configure(lanes_per_key=3)
     assert (kernels.TILE, kernels.TOKENS_PER_SPLIT, kernels.MAX_GROUP) == shape
     assert kernels._prefill_shared_bytes(128, 256, 32, 4, 256) <= kernels.MAX_SHARED_BYTES  # the default shape
 
 
-@settings(max_examples=10, deadline=None)
-@given(tiny_problems)
-def test_decode_and_prefill_match_reference(problem: Problem) -> None:
+def test_decode_chunks_shorten_until_a_small_batch_fills_the_gpu() -> None:
+    # here chunks are 4 to 16 positions; 8 multiprocessors, two blocks each
+    assert kernels.split_length(1, 3, 48, 8) == 8  # one sequence of 3 head groups wants 6 chunks of 48 positions
+    assert kernels.split_length(2, 3, 48, 8) == 16  # 3 chunks
+    assert kernels.split_length(64, 3, 48, 8) == kernels.TOKENS_PER_SPLIT  # a large batch fills the GPU already
+    assert kernels.split_length(1, 3, 8, 8) == kernels.MIN_TOKENS_PER_SPLIT
+
+
+@settings(max_examples=12, deadline=None)
+@given(tiny_problems, st.sampled_from([1, 3, 16]))
+def test_decode_and_prefill_match_reference(problem: Problem, multiprocessors: int) -> None:
+    kernels._MULTIPROCESSORS[None] = multiprocessors  # decode chunks of every length the launch may pick
     expected, got = np.zeros_like(problem.query), np.zeros_like(problem.query)
     reference.paged_decode_attention(expected, *problem.decode_args)
     kernels.paged_decode_attention(got, *problem.decode_args)
@@ -77,7 +94,28 @@ def test_decode_and_prefill_match_reference(problem: Problem) -> None:
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
 
 
-@settings(max_examples=3, deadline=None)
+@settings(max_examples=6, deadline=None)
+@given(tiny_problems, st.sampled_from([np.float16, BFLOAT16]))
+def test_16_bit_queries_and_outputs(problem: Problem, dtype) -> None:
+    """Queries and outputs in a 16-bit model's dtype: the queries widen exactly, the output is the
+    float32 result rounded once (to nearest even, for bfloat16 bits)."""
+    to_16_bits = bfloat16_bits if dtype == BFLOAT16 else lambda a: a.astype(np.float16)
+    query = to_16_bits(problem.query)
+    expected = np.zeros_like(problem.query)
+    reference.paged_decode_attention(expected, widen(query).astype(np.float32), *problem.decode_args[1:])
+    got = np.zeros_like(query)
+    kernels.paged_decode_attention(got, query, *problem.decode_args[1:])
+    np.testing.assert_allclose(widen(got), widen(to_16_bits(expected)), atol=ATOL, rtol=1e-2)
+
+    query = to_16_bits(problem.prefill.query)
+    expected = np.zeros_like(problem.prefill.query)
+    reference.paged_prefill_attention(expected, widen(query).astype(np.float32), *problem.prefill_args[1:])
+    got = np.zeros_like(query)
+    kernels.paged_prefill_attention(got, query, *problem.prefill_args[1:])
+    np.testing.assert_allclose(widen(got), widen(to_16_bits(expected)), atol=ATOL, rtol=1e-2)
+
+
+@settings(max_examples=4, deadline=None)
 @given(tiny_problems)
 def test_write_kv_matches_reference(problem: Problem) -> None:
     key, value, slots = problem.new_kv()

@@ -13,7 +13,8 @@ import torch
 from numba import config as numba_config
 
 from hetero_core.errors import ConfigError
-from hetero_executor_torch.kernel_attention import KernelAttention
+from hetero_executor_torch.attention import AttentionInputs
+from hetero_executor_torch.kernel_attention import KernelAttention, kernel_array
 
 
 def simulator_enabled() -> bool:
@@ -21,7 +22,8 @@ def simulator_enabled() -> bool:
 
 
 class NumbaCudaAttention(KernelAttention):
-    """Decodes and prefill chunks both run the CUDA kernels; float16 or float32 caches (numba has no bfloat16)."""
+    """Decodes and prefill chunks both run the CUDA kernels, on float16, bfloat16 or float32 caches,
+    taking the queries and writing the output in the model's dtype (no conversion launches)."""
 
     name = "numba-cuda"
 
@@ -38,6 +40,25 @@ class NumbaCudaAttention(KernelAttention):
             )
         if device.type == "cpu":
             return torch.float32  # the simulator computes on host memory in float32/float64
-        if kv_cache_dtype == torch.bfloat16:
-            raise ConfigError("attention 'numba-cuda': the Numba CUDA kernels read float16 or float32 KV caches, not bfloat16", param="kv_cache_dtype")
         return kv_cache_dtype
+
+    def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
+        kernels, meta = self.kernels, inputs.kernel
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+        if not query.is_cuda:
+            query = query.contiguous()  # the simulator copies its arrays, which must then be contiguous; a GPU reads strided views
+        n = inputs.num_decodes
+        caches = (kernel_array(k_cache), kernel_array(v_cache))
+        if n:
+            kernels.paged_decode_attention(kernel_array(out[:n]), kernel_array(query[:n]), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
+        if query.shape[0] > n:
+            kernels.paged_prefill_attention(
+                kernel_array(out[n:]),
+                kernel_array(query[n:]),
+                *caches,
+                kernel_array(meta.prefill_tables),
+                kernel_array(meta.prefill_query_start),
+                kernel_array(meta.prefill_context_lens),
+                scale,
+            )
+        return out

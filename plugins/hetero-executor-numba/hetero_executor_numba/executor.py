@@ -29,8 +29,9 @@ def numba_cuda_executor(
     """Options as the ``torch`` executor's (``dtype``, ``kv_cache_dtype``, ``device``, ``num_threads``,
     ``decode_graphs``: the kernels launch on torch's stream, so a CUDA graph records them with the rest).
 
-    ``dtype`` auto is float16 here: the kernels read float16 or float32 caches
-    (numba has no bfloat16), accumulating in float32. A bfloat16 cache is refused.
+    ``dtype`` auto is the torch executor's on CUDA (float16 for a GGUF, bfloat16 for
+    a checkpoint folder); the kernels take float16, bfloat16 and float32,
+    accumulating in float32.
     """
     return TorchExecutor(
         config,
@@ -44,9 +45,9 @@ def numba_cuda_executor(
 
 
 def _dtype(dtype: str) -> str:
-    if dtype != "auto":
-        return dtype
-    return "float32" if simulator_enabled() or not torch.cuda.is_available() else "float16"
+    if dtype == "auto" and (simulator_enabled() or not torch.cuda.is_available()):
+        return "float32"  # the simulator computes on host memory
+    return dtype
 
 
 def _device(device: str) -> str:

@@ -71,10 +71,8 @@ def test_the_torch_executor_finds_the_backend_by_name_and_refuses_it_without_a_g
     assert raised.value.param == "attention"
 
 
-def test_a_bfloat16_cache_is_refused_on_cuda() -> None:
+def test_every_cache_dtype_of_the_torch_executor_is_taken_on_cuda() -> None:
     from hetero_executor_numba import NumbaCudaAttention
 
-    with pytest.raises(ConfigError, match="not bfloat16") as raised:
-        NumbaCudaAttention().configure(torch.device("cuda"), torch.bfloat16)
-    assert raised.value.param == "kv_cache_dtype"
-    assert NumbaCudaAttention().configure(torch.device("cuda"), torch.float16) == torch.float16
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert NumbaCudaAttention().configure(torch.device("cuda"), dtype) == dtype
