@@ -2,8 +2,8 @@
 
 Middleware runs in this order on every request: the API key (before the
 body is read), then the body's size and read-time limits; only then does
-FastAPI parse the body. Endpoints live in :mod:`.routes` and
-:mod:`.completions`.
+FastAPI parse the body. Endpoints live in :mod:`.routes`,
+:mod:`.completions` and :mod:`.responses`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from hetero_core.server.connections import log_resource_exhaustion_once
 from hetero_core.server.errors import install_error_handlers
 from hetero_core.server.limits import BodyLimits
 from hetero_core.server.metrics import ServerMetrics
+from hetero_core.server.responses import add_responses_routes
 from hetero_core.server.routes import add_routes
 from hetero_core.server.service import Service
 
@@ -65,4 +66,5 @@ def create_app(config: EngineConfig, backend: ServingBackend | None = None) -> F
     install_error_handlers(app)
     add_routes(app, service)
     add_generation_routes(app, service)
+    add_responses_routes(app, service)
     return app

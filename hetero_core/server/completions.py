@@ -32,19 +32,19 @@ def add_generation_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
-        with _naming_the_constraint(body.constraint_field):
+        with naming_the_constraint(body.constraint_field):
             return await _generate(service, request, body, CompletionFormat, completion_inputs(body, backend, service.config), "cmpl")
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
         field = "tools" if body.tool_use.constraint is not None else body.constraint_field  # a calls' grammar is built from the tools
-        with _naming_the_constraint(field):
+        with naming_the_constraint(field):
             return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
 
 
 @contextlib.contextmanager
-def _naming_the_constraint(field: str | None) -> Iterator[None]:
+def naming_the_constraint(field: str | None) -> Iterator[None]:
     """A constraint the grammar engine refuses at submission is a 400 naming the request field it came from."""
     try:
         yield
@@ -67,10 +67,10 @@ async def _generate(service: Service, request: Request, body: Any, format_class:
     if body.stream:
         return _stream(service, generation, _chunks(service, generation, shape, body.include_usage, created))
     try:
-        choices = await _wait(generation, request)
+        choices = await wait_for_choices(generation, request)
     finally:
         service.live.discard(generation)
-    _raise_if_failed(choices)
+    raise_if_failed(choices)
     payload = [shape.whole(choice) for choice in choices]
     response = envelope(shape.response_object, request_id, created, service.model_name, payload, generation.usage())
     return response | shape.response_fields(choices)
@@ -81,7 +81,7 @@ async def _chunks(service: Service, generation: Generation, shape: Any, include_
     for opening in shape.opening():
         yield sse(envelope(shape.chunk_object, request_id, created, model, [opening]))
     async for choice, delta in generation.deltas():
-        _raise_if_failed([choice])
+        raise_if_failed([choice])
         payload = shape.chunk(choice, delta)
         if payload is not None:
             yield sse(envelope(shape.chunk_object, request_id, created, model, [payload]))
@@ -89,13 +89,13 @@ async def _chunks(service: Service, generation: Generation, shape: Any, include_
         yield sse(envelope(shape.chunk_object, request_id, created, model, [], generation.usage()))
 
 
-def _raise_if_failed(choices: list[Choice]) -> None:
+def raise_if_failed(choices: list[Choice]) -> None:
     for choice in choices:
         if choice.failure is not None:
             raise choice.failure
 
 
-async def _wait(generation: Generation, request: Request) -> list[Choice]:
+async def wait_for_choices(generation: Generation, request: Request) -> list[Choice]:
     """Wait for every choice; abort the generations as soon as the client disconnects."""
     waiting = asyncio.ensure_future(generation.wait())
     try:
@@ -127,12 +127,18 @@ def _stream(service: Service, generation: Generation, chunks: AsyncIterator[str]
             yield sse(internal_error_body(exc))
             yield SSE_DONE
 
+    return event_stream(service, generation, events())
+
+
+def event_stream(service: Service, generation: Generation, events: AsyncIterator[str]) -> StreamingResponse:
+    """``events`` as server-sent events of a live generation: however the stream ends, the generation leaves ``service.live``, aborted if unfinished."""
+
     def close() -> None:
         service.live.discard(generation)
         if not generation.is_finished:
             generation.abort()
 
-    return _EventStream(events(), close)
+    return _EventStream(events, close)
 
 
 class _EventStream(StreamingResponse):

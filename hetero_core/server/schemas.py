@@ -51,17 +51,15 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(ConstraintFields):
-    """What completions and chat completions share."""
+class SamplingOptions(BaseModel):
+    """The sampling fields of every generating endpoint: completions, chat completions and responses."""
 
     model_config = STRICT
 
-    model: Text | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None
-    n: int = 1
     stop: Text | list[Text] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
@@ -71,12 +69,21 @@ class SamplingFields(ConstraintFields):
     ignore_eos: bool = False
     min_tokens: int = 0
     priority: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+class SamplingFields(ConstraintFields, SamplingOptions):
+    """What completions and chat completions share."""
+
+    model_config = STRICT
+
+    model: Text | None = None
+    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
     prompt_logprobs: int | None = None
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
 
     def params(self, max_tokens: int, logprobs: int | None) -> GenerationParams:
         """The engine's parameters (OpenAI's defaults where a field is absent)."""

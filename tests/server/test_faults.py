@@ -157,3 +157,38 @@ def test_unauthenticated_endpoints_keep_the_reason_to_the_log() -> None:
             assert response.status_code in (200, 503)
             assert "/srv/secret" not in response.text and "ConfigError" not in response.text
         assert client.get("/readyz").json() == {"status": "not ready", "detail": "the backend is out of service"}
+
+
+class LateFailingExecutor(MockExecutor):
+    """The mock executor, except that a batch fails once a sequence in it has generated three tokens."""
+
+    def execute(self, batch: Any) -> Any:
+        if any(s.num_output_tokens >= 3 for s in batch.sequences):
+            raise RuntimeError("injected executor fault")
+        return super().execute(batch)
+
+
+def test_a_response_that_fails_mid_stream_ends_with_an_error_and_response_failed() -> None:
+    class Plugin:
+        @hookimpl
+        def register_executors(self, register) -> None:
+            register("late-failing", LateFailingExecutor)
+
+    def build(config: EngineConfig) -> InferenceEngine:
+        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)
+        pm.register(Plugin())
+        return InferenceEngine(config, plugin_manager=pm)
+
+    config = mock_server_config(executor={"name": "late-failing", "vocab_size": 128}, max_retry_attempts=0)
+    with RunningServer(config, engine_factory=build) as server:
+        body = {"input": "abc", "max_output_tokens": 10, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=30) as response:
+            assert response.status_code == 200
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    kinds = [event["type"] for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+    assert "response.output_text.delta" in kinds and kinds[-2:] == ["error", "response.failed"]
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert_internal_error({"error": events[-2]})
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error" and failed["usage"] is None
