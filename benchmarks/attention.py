@@ -2,6 +2,8 @@
 
     python benchmarks/attention.py [--batch 32] [--contexts 128 256 512 1024 2048]
         [--chunks 64 256 512 1024] [--threads 2]
+        [--gpu-batches 1 4 16 64] [--gpu-contexts 256 1024 4096 8192] [--gpu-dtypes bfloat16 float16 float32]
+        [--gpu-shape tile=256,lanes_per_key=8] [--gpu-only]
 
 SmolLM2's attention shape (9 heads, 3 KV heads, head size 64), block size 16,
 every sequence at the same context length, physical blocks shuffled.
@@ -18,11 +20,12 @@ length with nothing cached before, bfloat16: the Numba CPU prefill kernel
 (the same two ways, over the bfloat16 cache, causal) against torch's causal scaled_dot_product_attention
 in bfloat16 over the chunk's own keys and values (the torch backend's
 path for such a chunk), with the arithmetic rate of the causal half. On a CUDA GPU,
-when present: the Numba CUDA decode kernel's achieved K/V read bandwidth
-(float16 and float32 caches) against the device's measured copy bandwidth.
-GPU times are averaged over back-to-back launches between CUDA events; at
-short contexts they include the Python launch cost, so they understate the
-kernel's bandwidth there.
+when present, first: per cache dtype, batch and context, the Numba CUDA decode
+kernel's time and K/V read bandwidth against the device's measured copy
+bandwidth, and torch's gather + SDPA in the same dtype. GPU times are kernel
+times: 20 calls captured in a CUDA graph, replayed between CUDA events (no
+Python launch cost). ``--gpu-shape`` sets the kernels' launch shape first
+(``hetero_kernels.cuda.configure``), to compare shapes.
 """
 
 from __future__ import annotations
@@ -75,13 +78,13 @@ def kv_bytes(batch: int, context: int, element_size: int) -> int:
     return 2 * batch * context * KV_HEADS * HEAD_SIZE * element_size
 
 
-def torch_path(query, k_cache, v_cache, tables, lengths):
-    """Gather every sequence's blocks into contiguous float32 K/V, then masked SDPA (grouped-query)."""
+def torch_path(query, k_cache, v_cache, tables, lengths, dtype=torch.float32):
+    """Gather every sequence's blocks into contiguous K/V in ``dtype``, then masked SDPA (grouped-query)."""
     batch = query.shape[0]
-    keys = k_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).float()
-    values = v_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).float()
+    keys = k_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).to(dtype)
+    values = v_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).to(dtype)
     mask = (torch.arange(keys.shape[2], device=query.device)[None, :] < lengths[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True).squeeze(2)
+    return F.scaled_dot_product_attention(query.to(dtype).unsqueeze(2), keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True).squeeze(2).float()
 
 
 def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
@@ -141,54 +144,98 @@ def cpu_prefill_benchmark(chunks: list[int], repeats: int) -> None:
         )
 
 
-def gpu_seconds(function, repeats: int) -> float:
-    """Mean time per call of ``repeats`` back-to-back calls, between CUDA events."""
+def gpu_seconds(function, calls: int = 20, replays: int = 5) -> tuple[float, str]:
+    """Seconds per call of ``function`` on the GPU, and how they were timed: ``calls`` calls captured
+    in one CUDA graph and replayed between CUDA events (kernel time, no Python launch cost); where a
+    capture fails, back-to-back eager calls between events (launch cost included)."""
     function()
+    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        function()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / repeats
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            function()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                function()
+        graph.replay()
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / (calls * replays), "graph"
+    except RuntimeError:
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(calls * replays):
+            function()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / (calls * replays), "eager"
 
 
-def cuda_benchmark(batch: int, contexts: list[int]) -> None:
-    from hetero_kernels import cuda as kernels
-
+def copy_bandwidth() -> float:
+    """The device's copy bandwidth, bytes read + written per second (a 1 GiB device-to-device copy)."""
     source = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     target = torch.empty_like(source)
-    copy_bandwidth = 2 * source.numel() / gpu_seconds(lambda: target.copy_(source), 10)  # read + write
-    del source, target
-    print(f"CUDA {torch.cuda.get_device_name()}: copy bandwidth {copy_bandwidth / 1e9:.0f} GB/s (read + write)")
-    for dtype in (torch.float16, torch.float32):
-        for context in contexts:
-            query, k_cache, v_cache, tables, lengths = problem(batch, context, "cuda", dtype)
-            out = torch.empty(query.shape, dtype=torch.float32, device="cuda")
-            elapsed = gpu_seconds(lambda: kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lengths, SCALE), 50)
-            expected = torch_path(query, k_cache.float(), v_cache.float(), tables, lengths)
-            error = (out - expected).abs().max().item()
-            bandwidth = kv_bytes(batch, context, k_cache.element_size()) / elapsed
-            print(
-                f"  {str(dtype):14s} context {context:6d}: {elapsed * 1e6:8.1f} us, K/V {bandwidth / 1e9:7.1f} GB/s"
-                f" = {bandwidth / copy_bandwidth:5.1%} of copy; max difference from torch {error:.1e}"
-            )
+    seconds, _ = gpu_seconds(lambda: target.copy_(source), calls=5, replays=2)
+    return 2 * source.numel() / seconds
+
+
+def cuda_benchmark(batches: list[int], contexts: list[int], dtypes: list[str]) -> None:
+    """The Numba CUDA decode kernel and torch's gather + SDPA (both in the cache's dtype) per batch and
+    context: time per call, K/V bytes read per second, and that as a share of the copy bandwidth."""
+    from hetero_kernels import cuda as kernels
+
+    bandwidth = copy_bandwidth()
+    print(f"CUDA {torch.cuda.get_device_name()}: copy bandwidth {bandwidth / 1e9:.0f} GB/s (read + write)")
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        for batch in batches:
+            for context in contexts:
+                query, k_cache, v_cache, tables, lengths = problem(batch, context, "cuda", dtype)
+                out = torch.empty(query.shape, dtype=torch.float32, device="cuda")
+                kernel_time, how = gpu_seconds(lambda: kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lengths, SCALE))
+                q = query.to(dtype)
+                torch_time, _ = gpu_seconds(lambda: torch_path(q, k_cache, v_cache, tables, lengths, dtype))
+                error = (out - torch_path(query, k_cache, v_cache, tables, lengths)).abs().max().item()
+                size = kv_bytes(batch, context, k_cache.element_size())
+                print(
+                    f"  {name:8s} batch {batch:3d} context {context:5d}: kernel {kernel_time * 1e6:8.1f} us"
+                    f" ({size / kernel_time / 1e9:6.0f} GB/s, {size / kernel_time / bandwidth:4.0%} of copy)"
+                    f"   torch gather+SDPA {torch_time * 1e6:8.1f} us ({size / torch_time / 1e9:6.0f} GB/s)"
+                    f"   speed-up {torch_time / kernel_time:4.1f}x   max difference {error:.1e}   timed as {how}"
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    parser.add_argument("--batch", type=int, default=32, help="CPU decode batch")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048], help="CPU decode contexts")
     parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256, 512, 1024], help="prefill chunk lengths")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and numba")
     parser.add_argument("--repeats", type=int, default=9, help="timed CPU runs per measurement (the median is shown)")
+    parser.add_argument("--gpu-batches", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--gpu-contexts", type=int, nargs="+", default=[256, 1024, 4096, 8192])
+    parser.add_argument("--gpu-dtypes", nargs="+", default=["bfloat16", "float16", "float32"], help="cache dtypes on the GPU")
+    parser.add_argument("--gpu-shape", default="", help="the CUDA kernels' launch shape, as hetero_kernels.cuda.configure's keywords: tile=256,lanes_per_key=8")
+    parser.add_argument("--gpu-only", action="store_true", help="skip the CPU measurements")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     if torch.cuda.is_available():
-        cuda_benchmark(args.batch, args.contexts + [8192, 32768])
-    cpu_benchmark(args.batch, args.contexts, args.repeats)
-    cpu_prefill_benchmark(args.chunks, args.repeats)
+        if args.gpu_shape:
+            from hetero_kernels import cuda as kernels
+
+            kernels.configure(**{key: int(value) for key, value in (item.split("=") for item in args.gpu_shape.split(","))})
+        cuda_benchmark(args.gpu_batches, args.gpu_contexts, args.gpu_dtypes)
+    if not args.gpu_only:
+        cpu_benchmark(args.batch, args.contexts, args.repeats)
+        cpu_prefill_benchmark(args.chunks, args.repeats)
 
 
 if __name__ == "__main__":

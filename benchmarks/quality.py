@@ -25,7 +25,9 @@ transformers in bf16 reads the whole sequence in one forward pass.
 Everything runs on CUDA where torch sees a GPU (the executors' ``auto``
 device; transformers too). The default configurations follow the device:
 ``bf16-auto,bf16-dense,bf16-int8,fp32-int4`` on the CPU (packed weights are
-CPU kernels), ``bf16-dense,fp16-dense`` on CUDA (float16 is CUDA's only).
+CPU kernels), ``bf16-dense,fp16-dense`` on CUDA (float16 is CUDA's only);
+the ``*-numba-cuda`` configurations run attention on the Numba CUDA kernels
+(CUDA only).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ CONFIGS = {
     "bf16-int8": {"dtype": "bfloat16", "weights": "int8"},
     "fp32-int4": {"dtype": "float32", "weights": "int4"},
     "fp16-dense": {"dtype": "float16", "weights": "dense"},
+    "fp32-numba-cuda": {"dtype": "float32", "weights": "dense", "attention": "numba-cuda"},
+    "fp16-numba-cuda": {"dtype": "float16", "weights": "dense", "attention": "numba-cuda"},
+    "bf16-numba-cuda": {"dtype": "bfloat16", "weights": "dense", "attention": "numba-cuda"},
 }
 # The packed formats are CPU kernels and float16 runs on CUDA only (where auto weights are dense).
 DEFAULT_CONFIGS = {"cpu": ("bf16-auto", "bf16-dense", "bf16-int8", "fp32-int4"), "cuda": ("bf16-dense", "fp16-dense")}
