@@ -39,13 +39,12 @@ when it runs): change them before the first launch.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
-from numba import config as numba_config
-from numba import cuda, float32, int32, int64, types, uint64
+from numba import cuda, float32, uint64
 
-from hetero_kernels.cuda_interop import LaunchContext, device_array
+from hetero_kernels.cuda_elements import narrow, widen
+from hetero_kernels.cuda_interop import LaunchContext, configured, device_array
 
 TILE = 128  # threads per block (a power of two)
 TOKENS_PER_SPLIT = 256  # the longest chunk of context positions
@@ -117,48 +116,6 @@ def configure(
     ROWS_AT_ONCE, KEYS_AT_ONCE, DIMS_PER_LANE = TILE // ROW_LANES, TILE // LANES_PER_KEY, -(-MAX_HEAD_SIZE // ROW_LANES)
     _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE = MAX_GROUP * MAX_HEAD_SIZE, MAX_GROUP * TOKENS_PER_SPLIT, MAX_GROUP * TILE, 2 * MAX_GROUP
     _ROWS_SIZE, _ACC_SIZE = ROWS_AT_ONCE * _QUERY_SIZE, MAX_GROUP * DIMS_PER_LANE
-
-
-# ---------------------------------------------------------------------- elements: float16, float32, bfloat16 bits
-
-
-def widen(element):
-    """An element as float32; a 16-bit integer element holds bfloat16 bits (exact)."""
-    if isinstance(element, (np.uint16, np.int16)):
-        return (np.asarray(element).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)[()]
-    return np.float32(element)
-
-
-def narrow(array, value):
-    """``value`` (float32) as an element of ``array``: bfloat16 bits rounded to nearest even for a 16-bit integer array."""
-    if array.dtype in (np.uint16, np.int16):
-        bits = np.array([value], dtype=np.float32).view(np.uint32)
-        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16
-        return rounded.astype(np.uint16).view(array.dtype)[0]
-    return array.dtype.type(value)
-
-
-if not numba_config.ENABLE_CUDASIM:  # the simulator runs the Python functions above
-    from numba.cuda import libdevice
-    from numba.cuda.extending import overload
-
-    @overload(widen, target="cuda")
-    def _widen_on_gpu(element):
-        if isinstance(element, types.Integer):
-            return lambda element: libdevice.int_as_float(int32(element) << 16)
-        return lambda element: float32(element)
-
-    @overload(narrow, target="cuda")
-    def _narrow_on_gpu(array, value):
-        dtype = array.dtype
-        if isinstance(dtype, types.Integer):
-
-            def to_bits(array, value):
-                bits = int64(libdevice.float_as_int(value)) & 0xFFFFFFFF
-                return dtype((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
-
-            return to_bits
-        return lambda array, value: dtype(value)
 
 
 # ---------------------------------------------------------------------- device functions
@@ -485,22 +442,13 @@ def split_length(batch: int, block_groups: int, max_context_len: int, multiproce
     return max(MIN_TOKENS_PER_SPLIT, min(TOKENS_PER_SPLIT, length))
 
 
-def _configured(kernel, grid, block: int, stream):
-    """``kernel[grid, block, stream]`` without numba's warning that a grid of fewer than 128 blocks
-    under-uses the GPU: small grids are this design's at small batches (a block per sequence, KV head
-    group and context chunk: a batch-1 decode of a short context is a few blocks)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Grid size .* low occupancy")
-        return kernel[grid, block, stream]
-
-
 def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped)."""
     if key.shape[0] == 0:
         return
     launch = LaunchContext(key, value, k_cache, v_cache, slot_mapping)
     arrays = [device_array(a) for a in (key, value, k_cache, v_cache, slot_mapping)]
-    _configured(_write_kv_kernel, key.shape[0], TILE, launch.stream)(*arrays)
+    configured(_write_kv_kernel, key.shape[0], TILE, launch.stream)(*arrays)
 
 
 def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_lens, scale: float) -> None:
@@ -517,10 +465,10 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     partial_acc = launch.empty((batch, num_heads, num_splits, head_size))
     partial_stats = launch.empty((batch, num_heads, num_splits, 2))
     arrays = [device_array(a) for a in (query, k_cache, v_cache, block_tables, context_lens)]
-    _configured(_decode_split_kernel, (batch, block_groups, num_splits), TILE, launch.stream)(
+    configured(_decode_split_kernel, (batch, block_groups, num_splits), TILE, launch.stream)(
         partial_acc, partial_stats, *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head, split_len
     )
-    merge = _configured(_merge_splits_kernel, (batch, num_heads), min(TILE, head_size), launch.stream)
+    merge = configured(_merge_splits_kernel, (batch, num_heads), min(TILE, head_size), launch.stream)
     merge(device_array(out), partial_acc, partial_stats, arrays[-1], split_len)
 
 
@@ -534,4 +482,4 @@ def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_st
     launch = LaunchContext(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)
     arrays = [device_array(a) for a in (out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)]
     grid = (num_tokens, k_cache.shape[2] * blocks_per_kv_head)
-    _configured(_prefill_kernel, grid, TILE, launch.stream)(*arrays, np.float32(scale), heads_per_block, blocks_per_kv_head)
+    configured(_prefill_kernel, grid, TILE, launch.stream)(*arrays, np.float32(scale), heads_per_block, blocks_per_kv_head)

@@ -7,10 +7,12 @@ is already loaded, so ``sys.modules`` tells whether an argument is one.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 import numpy as np
 from numba import cuda
+from numba.core.errors import NumbaPerformanceWarning
 
 
 def _torch_cuda_tensor(array: Any) -> bool:
@@ -62,3 +64,12 @@ class LaunchContext:
 
             return cuda.as_cuda_array(torch.empty(shape, dtype=torch.float32, device=self._torch_like.device), sync=False)
         return cuda.device_array(shape, dtype=np.float32, stream=self.stream)
+
+
+def configured(kernel, grid, block: int, stream):
+    """``kernel[grid, block, stream]`` without numba's warning that a grid of fewer than 128 blocks
+    under-uses the GPU: small grids are these kernels' at small batches (a batch-1 decode of a short
+    context is a few blocks; a norm is a block per token)."""
+    with warnings.catch_warnings():  # numba wraps the message in terminal colour codes: match anywhere
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy", category=NumbaPerformanceWarning)
+        return kernel[grid, block, stream]

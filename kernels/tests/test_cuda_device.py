@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-DEVICE_TESTS = Path(__file__).parent / "cuda_device" / "device_kernels.py"
+TESTS = Path(__file__).parent
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="no CUDA GPU")
-def test_cuda_kernels_on_the_gpu() -> None:
-    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(DEVICE_TESTS)]
+@pytest.mark.parametrize("path", ["cuda_device/device_kernels.py", "cuda_fused_cases.py"])
+def test_cuda_kernels_on_the_gpu(path: str) -> None:
+    command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(TESTS / path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -29,6 +29,7 @@ from numba import config, cuda  # noqa: E402
 
 from hetero_kernels import cuda as kernels  # noqa: E402
 from hetero_kernels import reference  # noqa: E402
+from hetero_kernels.cuda_interop import configured  # noqa: E402
 from hetero_kernels.dtypes import bfloat16_bits, widen  # noqa: E402
 from paged_problems import BFLOAT16, Problem, problems  # noqa: E402
 
@@ -46,17 +47,21 @@ def test_the_simulator_is_running_the_kernels() -> None:
 
 
 def test_launches_do_not_warn_of_small_grids() -> None:
-    """On a GPU numba warns when a grid has fewer than 128 blocks, as a batch-1 decode's has by design."""
+    """On a GPU numba warns when a grid has fewer than 128 blocks, as a batch-1 decode's has by design;
+    the warning is numba's own class, its message in terminal colour codes."""
     import warnings
+
+    from numba.core.errors import NumbaPerformanceWarning
 
     class Kernel:
         def __getitem__(self, launch):
-            warnings.warn(f"Grid size {launch[0]} will likely result in GPU under-utilization due to low occupancy.")
+            message = f"\x1b[1mGrid size {launch[0]} will likely result in GPU under-utilization due to low occupancy.\x1b[0m"
+            warnings.warn(NumbaPerformanceWarning(message))
             return launch
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert kernels._configured(Kernel(), 3, 128, 0) == (3, 128, 0)
+        assert configured(Kernel(), 3, 128, 0) == (3, 128, 0)
 
 
 def test_configure_refuses_launch_shapes_a_gpu_cannot_run() -> None:

@@ -1,5 +1,5 @@
 """Greedy tokens and prompt logprobs of the numba-cuda executor on a tiny model, in float32 (as the torch executor
-they are compared with), and how many decode graphs it kept, as JSON: on a GPU, or on the CUDA simulator
+they are compared with), how many decode graphs it kept and which kernels ran its layers, as JSON: on a GPU, or on the CUDA simulator
 with NUMBA_ENABLE_CUDASIM=1.
 
 Arguments: the model folder, the prompts (JSON) and whether decode steps replay from graphs.
@@ -22,4 +22,5 @@ engine = InferenceEngine(
 )
 records = engine.generate(prompts, GenerationParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=1))
 graphs = engine.executor.graphs  # None if they were off, or turned off after a capture failed
-print(json.dumps({"graphs": graphs.num_graphs if graphs else 0, "outputs": [[r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]] for r in records]}))
+fused = engine.executor.model.fused  # the layers' small ops as hetero_kernels.cuda_fused kernels
+print(json.dumps({"graphs": graphs.num_graphs if graphs else 0, "fused": fused.kernels.__name__ if fused else None, "outputs": [[r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]] for r in records]}))

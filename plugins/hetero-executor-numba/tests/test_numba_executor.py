@@ -1,4 +1,5 @@
-"""The numba-cuda executor gives the torch executor's greedy tokens and prompt logprobs (on the CUDA simulator when no GPU)."""
+"""The numba-cuda executor gives the torch executor's greedy tokens and prompt logprobs (on the CUDA simulator when no GPU),
+its layers' small ops fused into ``hetero_kernels.cuda_fused`` kernels."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: boo
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
     assert (got["graphs"] > 0) == decode_graphs  # a failed capture would have turned them off
+    assert got["fused"] == "hetero_kernels.cuda_fused"  # norms, RoPE with the cache write, SwiGLU: one kernel each
     for (tokens, logprobs), (expected_tokens, expected_logprobs) in zip(got["outputs"], torch_outputs(tiny_model), strict=True):
         assert tokens == expected_tokens
         assert logprobs == pytest.approx(expected_logprobs, abs=1e-4)

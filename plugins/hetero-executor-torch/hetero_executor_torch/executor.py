@@ -159,8 +159,9 @@ class TorchExecutor:
             self.model = LlamaModel(
                 model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, dense_copy, small_batch_kernels
             )
-            if fused_layers.serves(self.attention, self.dtype, self.kv_cache_dtype, model_config):
-                self.model.fused = fused_layers.FusedLayers(self.model)
+            kernels = fused_layers.fused_kernels(self.attention, self.device, self.dtype, self.kv_cache_dtype, model_config)
+            if kernels is not None:
+                self.model.fused = fused_layers.FusedLayers(self.model, kernels)
         self.model_config = model_config
         self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
         self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)

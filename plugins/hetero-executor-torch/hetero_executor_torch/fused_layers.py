@@ -1,19 +1,23 @@
-"""The decoder layers on the CPU with ``hetero_kernels.cpu_fused``: norms, RoPE and cache writes (and a decode's attention) in few Numba calls.
+"""The decoder layers in few kernel calls: norms, RoPE and cache writes (and on the CPU a decode's attention) fused.
 
-The ``numba`` attention backend brings them. Every step computes the same
-function as :meth:`LlamaModel.hidden_states
+On the CPU ``hetero_kernels.cpu_fused`` serves them, brought by the
+``numba`` attention backend; on CUDA ``hetero_kernels.cuda_fused`` (with any
+attention backend, wherever numba-cuda is installed; the ``numba-cuda``
+backend brings them on Numba's CUDA simulator too). Every step computes the
+same function as :meth:`LlamaModel.hidden_states
 <hetero_executor_torch.model.LlamaModel.hidden_states>`, op for op in the
 same roundings (the reductions reassociated):
 
-- a decode-only step runs a layer as its four matmuls, two norm calls,
+- a CPU decode-only step runs a layer as its four matmuls, two norm calls,
   one call for RoPE, the cache write and attention and one for SwiGLU,
   where the torch ops were about twenty: at batch 1 their dispatch costs
   more than their arithmetic;
-- a step with prefill chunks normalizes, rotates and writes the cache, and
-  applies SwiGLU, in one pass each (torch's ops make several over a long
-  chunk), and attends through the backend.
+- any other step (and every step on CUDA) normalizes (with the residual
+  add), rotates and writes the cache, and applies SwiGLU in one kernel each,
+  and attends through the backend: on CUDA, where a batch-1 step is hundreds
+  of tiny kernels replayed from a graph, that is 8 fewer kernels a layer.
 
-A decode-only step whose projections all run on one of the int4 kernels
+A CPU decode-only step whose projections all run on one of the int4 kernels
 runs each layer as one ``hetero_kernels.cpu_layer`` call, the same kernels
 called from Numba:
 
@@ -47,11 +51,25 @@ if TYPE_CHECKING:
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def serves(attention: object, dtype: torch.dtype, kv_cache_dtype: torch.dtype, config: ModelConfig) -> bool:
-    """Whether the fused kernels run the layers: with the ``numba`` backend (CPU only, its ``configure``
-    refuses any other device), a model in float32 or bf16 and the cache in the same dtype, and no norm
-    of each query and key head (Qwen3's), which the kernels do not apply."""
-    return isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype and not config.head_norm
+def fused_kernels(attention: object, device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype, config: ModelConfig) -> Any:
+    """The kernels module that runs the layers fused, or None for torch's ops: none for a model with a
+    norm of each query and key head (Qwen3's), which the kernels do not apply; on CUDA (or with the
+    CUDA kernels' attention backend, on their simulator) ``cuda_fused`` where numba-cuda is installed;
+    on the CPU ``cpu_fused`` with the ``numba`` backend (its ``configure`` refuses any other device),
+    a model in float32 or bf16 and the cache in the same dtype."""
+    if config.head_norm:
+        return None
+    if device.type == "cuda" or getattr(getattr(attention, "kernels", None), "__name__", "") == "hetero_kernels.cuda":
+        try:
+            from hetero_kernels import cuda_fused
+        except ImportError:
+            return None
+        return cuda_fused
+    if isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype:
+        from hetero_kernels import cpu_fused
+
+        return cpu_fused
+    return None
 
 
 def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | None]) -> list[tuple]:
@@ -67,35 +85,36 @@ def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | No
 
 
 class FusedLayers:
-    """Runs a step's decoder layers for ``model``."""
+    """Runs a step's decoder layers for ``model`` with ``kernels`` (``cpu_fused`` or ``cuda_fused``)."""
 
-    def __init__(self, model: LlamaModel) -> None:
-        from hetero_kernels import cpu_fused
-
-        self.kernels = cpu_fused
+    def __init__(self, model: LlamaModel, kernels: Any) -> None:
+        self.kernels = kernels
         self.model = model
         self.eps = float(model.config.rms_norm_eps)
-        self.input_norms = [layer.input_norm.numpy() for layer in model.layers]
-        self.post_norms = [layer.post_norm.numpy() for layer in model.layers]
-        self.final_norm = model.norm.numpy()
+        self.input_norms = [kernel_array(layer.input_norm) for layer in model.layers]
+        self.post_norms = [kernel_array(layer.post_norm) for layer in model.layers]
+        self.final_norm = kernel_array(model.norm)
+        # decodes attend inside the kernels that rotate them (the CPU's); else through the backend
+        self.decodes_attend = hasattr(kernels, "rotary_decode_attention")
         # the layers as one call each, and the most rows a step may have for them (0: never)
-        self.vnni_layers = packed_layers(model, PackedLinear.int4_arrays)
+        cpu = model.device.type == "cpu"
+        self.vnni_layers = packed_layers(model, PackedLinear.int4_arrays) if cpu else []
         self.vnni_rows = VNNI_MAX_ROWS if self.vnni_layers else 0
-        self.tiled_layers = packed_layers(model, PackedLinear.tiled_arrays) if model.dtype == torch.bfloat16 else []
+        self.tiled_layers = packed_layers(model, PackedLinear.tiled_arrays) if cpu and model.dtype == torch.bfloat16 else []
         self.tiled_rows = TILED_MAX_ROWS if self.tiled_layers else 0
         if self.vnni_layers or self.tiled_layers:
             from hetero_kernels import cpu_layer
 
             self.layer_kernel = cpu_layer
         self._caches: list[Any] | None = None
-        self._arrays: list[tuple[np.ndarray, np.ndarray]] = []
+        self._arrays: list[tuple[Any, Any]] = []
 
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]) -> torch.Tensor:
         """The residual stream after the last layer, [T, hidden] float32, before the final norm."""
         model, kernels, config = self.model, self.kernels, self.model.config
-        rows, dtype = input_ids.shape[0], model.dtype
+        rows, dtype, device = input_ids.shape[0], model.dtype, model.device
         hidden = model.embedding.embed(input_ids).float()
-        stream = hidden.numpy()
+        stream = kernel_array(hidden)
         if attention.num_decodes == rows and rows <= max(self.vnni_rows, self.tiled_rows):
             vnni = rows <= self.vnni_rows
             layers, activations = (self.vnni_layers, torch.float32) if vnni else (self.tiled_layers, dtype)
@@ -103,12 +122,12 @@ class FusedLayers:
             return hidden
         cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         # the inputs of each layer's projections, overwritten layer after layer
-        x = torch.empty(rows, config.hidden_size, dtype=dtype)
+        x = torch.empty(rows, config.hidden_size, dtype=dtype, device=device)
         x_out = kernel_array(x)
         kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
-        mlp = torch.empty(rows, config.intermediate_size, dtype=dtype)  # SwiGLU's output, the down projection's input
+        mlp = torch.empty(rows, config.intermediate_size, dtype=dtype, device=device)  # SwiGLU's output, the down projection's input
         mlp_out = kernel_array(mlp)
-        attend = self._decodes(attention) if attention.num_decodes == rows else self._chunks(attention)
+        attend = self._decodes(attention) if self.decodes_attend and attention.num_decodes == rows else self._chunks(attention)
         last = len(model.layers) - 1
         for i, (layer, (k_cache, v_cache), caches) in enumerate(zip(model.layers, kv_caches, self._cache_arrays(kv_caches))):
             attended = attend(layer.qkv(x), cos, sin, k_cache, v_cache, caches)
@@ -164,10 +183,10 @@ class FusedLayers:
     def _chunks(self, attention: AttentionInputs) -> Callable[..., torch.Tensor]:
         """Any step: RoPE and the cache write in one kernel call, then the backend's attention."""
         model, config = self.model, self.model.config
-        slots = attention.slot_mapping.numpy()
+        slots = kernel_array(attention.slot_mapping)
         rows = slots.shape[0]
-        query = torch.empty(rows, config.num_heads, config.head_size, dtype=model.dtype)
-        key = torch.empty(rows, config.num_kv_heads, config.head_size, dtype=model.dtype)
+        query = torch.empty(rows, config.num_heads, config.head_size, dtype=model.dtype, device=model.device)
+        key = torch.empty(rows, config.num_kv_heads, config.head_size, dtype=model.dtype, device=model.device)
         query_out, key_out = kernel_array(query), kernel_array(key)
         values = slice((config.num_heads + config.num_kv_heads) * config.head_size, None)
 
