@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 from numba import cuda
-from numba.core.errors import NumbaPerformanceWarning
 
 
 def _torch_cuda_tensor(array: Any) -> bool:
@@ -71,5 +70,5 @@ def configured(kernel, grid, block: int, stream):
     under-uses the GPU: small grids are these kernels' at small batches (a batch-1 decode of a short
     context is a few blocks; a norm is a block per token)."""
     with warnings.catch_warnings():  # numba wraps the message in terminal colour codes: match anywhere
-        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy", category=NumbaPerformanceWarning)
+        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")  # numba-cuda's own warning class, not numba's
         return kernel[grid, block, stream]

@@ -47,15 +47,15 @@ def test_the_simulator_is_running_the_kernels() -> None:
 
 
 def test_launches_do_not_warn_of_small_grids() -> None:
-    """On a GPU numba warns when a grid has fewer than 128 blocks, as a batch-1 decode's has by design;
-    the warning is numba's own class, its message in terminal colour codes."""
+    """On a GPU numba-cuda warns when a grid has fewer than 128 blocks, as a batch-1 decode's has by
+    design: its own warning class (not numba's), the message wrapped in terminal colour codes."""
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
+    from numba.cuda.core.errors import NumbaPerformanceWarning
 
     class Kernel:
         def __getitem__(self, launch):
-            message = f"\x1b[1mGrid size {launch[0]} will likely result in GPU under-utilization due to low occupancy.\x1b[0m"
+            message = f"Grid size {launch[0]} will likely result in GPU under-utilization due to low occupancy."
             warnings.warn(NumbaPerformanceWarning(message))
             return launch
 
