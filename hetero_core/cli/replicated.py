@@ -18,7 +18,7 @@ from tqdm import tqdm
 from hetero_core.cli.generate import read_prompts
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
-from hetero_core.server.backend import create_backend
+from hetero_core.server.backend import backend_name, create_backend
 from hetero_core.server.client import BackendClient
 from hetero_core.server.generation import Choice
 
@@ -29,7 +29,7 @@ def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path |
     groups: dict[GenerationParams, list[int]] = {}  # line indexes by their parameters
     for index, (_, item_params) in enumerate(items):
         groups.setdefault(item_params, []).append(index)
-    client = BackendClient(create_backend(config))
+    client = BackendClient(create_backend(config), name=backend_name(config))
     num_tokens = 0
     started = time.monotonic()
     firsts: dict[int, Choice] = {}  # each line's first choice

@@ -13,10 +13,11 @@ import time
 import uuid
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from hetero_core.errors import EngineError
+from hetero_core.errors import EngineError, ValidationError
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.server.backend import ServingBackend
+from hetero_core.server.capabilities import capabilities_of, unhonoured
 from hetero_core.server.generation import Choice, Generation, Input
 
 READY_POLL = 0.05
@@ -32,10 +33,16 @@ def as_input(item: Item) -> Input:
 
 
 class BackendClient:
-    """Starts ``backend`` and waits until it is ready (or raises its error after ``ready_timeout`` seconds)."""
+    """Starts ``backend`` and waits until it is ready (or raises its error after ``ready_timeout`` seconds).
 
-    def __init__(self, backend: ServingBackend, *, ready_timeout: float = 600.0) -> None:
+    Parameters the backend does not honour (its ``capabilities``) are refused with a
+    :class:`~hetero_core.errors.ValidationError` naming the field, as the server refuses them with a 400.
+    """
+
+    def __init__(self, backend: ServingBackend, *, name: str | None = None, ready_timeout: float = 600.0) -> None:
         self.backend = backend
+        self.name = name or type(backend).__name__  # as errors name the backend
+        self.honoured = capabilities_of(backend, self.name)  # a misspelt capability fails here, before the backend starts
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hetero-backend-client", daemon=True)
         self._thread.start()
@@ -47,11 +54,17 @@ class BackendClient:
                 raise EngineError(f"the serving backend did not become ready: {backend.error or f'timed out after {ready_timeout} s'}")
             time.sleep(READY_POLL)
 
+    def _honoured(self, params: GenerationParams) -> GenerationParams:
+        field = unhonoured(params, self.honoured)
+        if field is not None:
+            raise ValidationError(f"{field} is not supported by the serving backend {self.name!r}", param=field)
+        return params
+
     def generate(
         self, items: Sequence[Item], params: GenerationParams | None = None, *, on_finished: Callable[[Choice], None] | None = None
     ) -> list[Choice]:
         """Every item's ``params.n`` choices, item by item in input order. ``on_finished`` hears each choice as it ends."""
-        params = params or GenerationParams()
+        params = self._honoured(params or GenerationParams())
 
         inputs = [as_input(item) for item in items]
 
@@ -71,7 +84,7 @@ class BackendClient:
 
     def stream(self, item: Item, params: GenerationParams | None = None) -> Iterator[StreamDelta]:
         """The deltas of one prompt (or chat) as they are produced; closing the iterator early aborts it."""
-        params = params or GenerationParams()
+        params = self._honoured(params or GenerationParams())
         deltas: queue.Queue[StreamDelta | BaseException | None] = queue.Queue()
 
         async def run() -> None:

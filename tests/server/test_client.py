@@ -10,7 +10,7 @@ import structlog
 from hetero_core.cli.main import build_parser
 from hetero_core.cli.options import engine_config
 from hetero_core.engine import InferenceEngine
-from hetero_core.errors import EngineError
+from hetero_core.errors import ConfigError, EngineError, ValidationError
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 from hetero_core.server.async_engine import AsyncEngine
@@ -51,6 +51,27 @@ def test_bad_input_raises_in_the_caller() -> None:
     with BackendClient(AsyncEngine(mock_server_config())) as client:
         with pytest.raises(EngineError, match="prompt must not be empty"):
             client.generate([""], GenerationParams(max_tokens=2))
+
+
+def test_parameters_the_backend_does_not_honour_are_refused_by_name() -> None:
+    """As the server's 400: a backend that declares only ``n`` gets no logit_bias it would drop."""
+    backend = AsyncEngine(mock_server_config())
+    backend.capabilities = frozenset({"n"})
+    with BackendClient(backend, name="narrow") as client:
+        with pytest.raises(ValidationError, match="logit_bias is not supported by the serving backend 'narrow'") as refused:
+            client.generate(["hi"], GenerationParams(max_tokens=2, logit_bias={3: 1.0}))
+        assert refused.value.param == "logit_bias"
+        with pytest.raises(ValidationError, match="stop"):
+            next(client.stream("hi", GenerationParams(max_tokens=2, stop=["x"])))
+        assert len(client.generate(["hi"], GenerationParams(max_tokens=2, n=2))) == 2  # what it honours still runs
+        assert backend.engine.metrics.requests_submitted == 1  # the refused ones never reached it
+
+
+def test_a_misspelt_capability_fails_before_the_backend_starts() -> None:
+    backend = AsyncEngine(mock_server_config())
+    backend.capabilities = frozenset({"logit_biass"})
+    with pytest.raises(ConfigError, match="unknown capabilities 'logit_biass'"):
+        BackendClient(backend)
 
 
 def test_a_backend_that_cannot_load_raises() -> None:
