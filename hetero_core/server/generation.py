@@ -94,8 +94,8 @@ class Generation:
     def end(self, failure: APIError) -> None:
         """Stop now: abort every input and fail each open choice with ``failure`` (the server is shutting down)."""
         self._cut = failure
+        self.queue.put_nowait(_CUT)  # ahead of the abort's own final deltas, which a backend may queue at once
         self.abort()
-        self.queue.put_nowait(_CUT)
 
     @property
     def is_finished(self) -> bool:

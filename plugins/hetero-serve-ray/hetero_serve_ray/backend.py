@@ -38,6 +38,7 @@ from hetero_core.sequence import FinishReason
 from hetero_core.server.backend import DeltaQueue
 from hetero_core.server.capabilities import CAPABILITIES
 from hetero_core.server.errors import APIError
+from hetero_serve_ray.cluster import restore_signal_handlers
 from hetero_serve_ray.fleet import REPLICA_LOST, Fleet, Replica, cause
 from hetero_serve_ray.options import RayBackendOptions
 from hetero_serve_ray.routing import ReplicaLoad, make_policy
@@ -148,6 +149,8 @@ class RayBackend:
             self._error = f"the replicas could not be started: {type(exc).__name__}: {exc}"
             log.error("ray backend failed to start", error=self._error)
             return
+        finally:
+            restore_signal_handlers()  # ray.init replaced SIGTERM's; this runs on the loop's thread, the main one in `serve`
         for replica in self.replicas:
             self._spawn(self.fleet.watch(replica))
 
@@ -257,7 +260,7 @@ class RayBackend:
             replica = self._route(flight, tried)
             if replica is None:
                 why = "no replica is ready" if not tried else f"replica {max(tried)} failed and no other replica is ready"
-                self._finish(flight, FinishReason.ERROR, why)
+                self._finish(flight, FinishReason.ERROR, why, self.replicas[max(tried)] if tried else None)
                 return
             tried.add(replica.index)
             flight.replica, flight.cost = replica, flight.full_cost
@@ -267,11 +270,11 @@ class RayBackend:
             except REPLICA_LOST as exc:
                 self.fleet.lose(replica, f"{type(exc).__name__}: {exc}")
                 if flight.is_started:
-                    self._finish(flight, FinishReason.ERROR, f"replica {replica.index} failed while generating; retry the request")
+                    self._finish(flight, FinishReason.ERROR, f"replica {replica.index} failed while generating; retry the request", replica)
                     return
                 log.info("rerouting a request its replica never started", request_id=flight.request_id, replica=replica.index)
             except ray.exceptions.RayTaskError as exc:  # a fault inside the replica's generate, not a death
-                self._finish(flight, FinishReason.ERROR, f"replica {replica.index}: {cause(exc)}")
+                self._finish(flight, FinishReason.ERROR, f"replica {replica.index}: {cause(exc)}", replica)
                 return
             finally:
                 replica.load -= flight.cost
@@ -298,8 +301,10 @@ class RayBackend:
                 self._flights.pop(flight.request_id, None)
         flight.queue.put_nowait((flight.tag, delta))
 
-    def _finish(self, flight: Flight, reason: FinishReason, error: str | None) -> None:
-        """End every open sample of ``flight`` here, in the front end."""
+    def _finish(self, flight: Flight, reason: FinishReason, error: str | None, failed: Replica | None = None) -> None:
+        """End every open sample of ``flight`` here, in the front end; counted as ``failed``'s (no replica counts it)."""
+        if failed is not None and flight.open_samples:
+            failed.count_failure()
         for index in sorted(flight.open_samples):
             flight.queue.put_nowait((flight.tag, StreamDelta(flight.request_id, index, "", [], finish_reason=reason, error=error)))
         flight.open_samples.clear()

@@ -1,4 +1,11 @@
-"""The replica actors: placed on the cluster, watched, taken out of routing when lost, back when Ray restarts them."""
+"""The replica actors: placed on the cluster, watched, taken out of routing when lost, back when Ray restarts them.
+
+A replica's counters outlive its process: each restart (a new incarnation,
+as its ``ready`` answer says) starts the engine's counters at 0, so the
+front end adds the last counters it saw of the earlier incarnations, and
+counts the requests it ended with an error because the replica failed.
+``/metrics`` then never goes backwards while the front end runs.
+"""
 
 from __future__ import annotations
 
@@ -12,13 +19,16 @@ import structlog
 
 from hetero_core.config import EngineConfig
 from hetero_core.metrics import EngineMetrics
+from hetero_core.sequence import FinishReason
 from hetero_serve_ray.admission import Limits
+from hetero_serve_ray.cluster import connect
 from hetero_serve_ray.replica import EngineReplica, ReplicaUnavailable
 
 log = structlog.get_logger()
 
 REPLICA_LOST = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)  # the process is gone or unreachable
 RESTART_POLL = 0.2  # seconds between attempts to reach a replica that is restarting
+GAUGES = ("num_running", "num_waiting", "kv_cache_usage")  # the EngineMetrics fields that are not counters
 
 
 @attrs.define(eq=False)
@@ -31,9 +41,22 @@ class Replica:
     has_started: bool = False  # it was ready once, or failed to load
     node_id: str | None = None  # the Ray node it runs on
     load: int = 0  # outstanding tokens of the requests routed here
-    metrics: EngineMetrics | None = None  # from the last health check
+    metrics: EngineMetrics | None = None  # from the last health check of this incarnation (kept while it is lost)
+    incarnation: str | None = None  # the actor process's, from ``ready``: a new one after each restart
+    past: EngineMetrics = attrs.field(factory=EngineMetrics)  # counters of earlier incarnations and of front-end failures
     failure: str | None = None  # why it is out of routing
     lost: asyncio.Event = attrs.field(factory=asyncio.Event)  # set when a stream saw it die
+
+    def counters(self) -> EngineMetrics:
+        """Its counters over every incarnation; its gauges while it is ready, else 0 (nothing runs there)."""
+        total = add_counters(self.past, self.metrics)
+        if self.is_ready and self.metrics is not None:
+            total.num_running, total.num_waiting, total.kv_cache_usage = self.metrics.num_running, self.metrics.num_waiting, self.metrics.kv_cache_usage
+        return total
+
+    def count_failure(self) -> None:
+        """Count a request the front end ended with an error because this replica failed (it never finished it)."""
+        self.past.requests_finished[FinishReason.ERROR] += 1
 
 
 class Fleet:
@@ -59,13 +82,7 @@ class Fleet:
 
     def place(self) -> None:
         """Join (or start) the cluster and create the actors. Blocks."""
-        if not ray.is_initialized():
-            # Ray runs its workers at nice 15 by default; replicas are the work itself, not background jobs
-            if self.config.ray_address is None:  # a private cluster, even where `ray start` made one
-                ray.init(address="local", _system_config={"worker_niceness": 0})
-            else:
-                ray.init(address=self.config.ray_address)
-            self._owns_ray = True
+        self._owns_ray = connect(self.config)
         replica_config = self.config.evolve(data_parallel_size=1)
         actor_class = ray.remote(EngineReplica).options(**self.actor_options)
         log_level = structlog.get_logger().bind().get_effective_level()  # replicas log like the front end
@@ -87,7 +104,8 @@ class Fleet:
         return [r for r in self.replicas if r.is_ready]
 
     def engine_metrics(self) -> dict[str, EngineMetrics]:
-        return {str(r.index): r.metrics for r in self.replicas if r.is_ready and r.metrics is not None}
+        """Every replica that has reported: counters since the front end started, gauges while it is ready (else 0)."""
+        return {str(r.index): r.counters() for r in self.replicas if r.metrics is not None or r.past != EngineMetrics()}
 
     async def watch(self, replica: Replica) -> None:
         """Wait for the replica's engine; then check its health until it is lost, and wait for its restart."""
@@ -104,6 +122,9 @@ class Fleet:
                 await asyncio.sleep(RESTART_POLL)
                 continue
             self.limits, replica.node_id = Limits.of(self.config, info), info["node_id"]
+            if info["incarnation"] != replica.incarnation:  # a restarted process: its counters start again at 0
+                replica.past = add_counters(replica.past, replica.metrics)
+                replica.incarnation, replica.metrics = info["incarnation"], None
             replica.lost.clear()
             replica.is_ready, replica.has_started, replica.failure = True, True, None
             log.info("replica ready", replica=replica.index, node_id=replica.node_id)
@@ -130,9 +151,21 @@ class Fleet:
         """Take the replica out of routing (its watcher then waits for Ray to restart it)."""
         if replica.is_ready:
             log.warning("replica lost", replica=replica.index, error=why)
-        replica.is_ready, replica.metrics, replica.failure = False, None, why
+        replica.is_ready, replica.failure = False, why
         replica.lost.set()
         self.on_lost(replica.index)
+
+
+def add_counters(total: EngineMetrics, more: EngineMetrics | None) -> EngineMetrics:
+    """A new ``EngineMetrics``: the counters of ``total`` plus those of ``more``; gauges 0."""
+    more = more or EngineMetrics()
+    summed = {}
+    for field in attrs.fields(EngineMetrics):
+        if field.name in GAUGES:
+            continue
+        mine, theirs = getattr(total, field.name), getattr(more, field.name)
+        summed[field.name] = {key: mine[key] + theirs[key] for key in mine} if isinstance(mine, dict) else mine + theirs
+    return EngineMetrics(**summed)
 
 
 async def _awaitable(ref: Any) -> Any:

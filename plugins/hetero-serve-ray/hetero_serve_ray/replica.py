@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import ray
@@ -40,6 +41,7 @@ class EngineReplica:
         configure_logging(debug=log_level <= logging.DEBUG, quiet=log_level >= logging.WARNING)  # on stderr, as the front end's
         self._backend = AsyncEngine(config)
         self._started = False
+        self._incarnation = uuid.uuid4().hex  # Ray restarts the actor in a new process, which builds it anew
 
     async def ready(self) -> dict[str, Any]:
         """Load the engine on the first call; return its limits once it can serve. Raises if it cannot."""
@@ -56,6 +58,7 @@ class EngineReplica:
             "num_blocks": engine.num_blocks,
             "vocab_size": engine.model_info.vocab_size,
             "node_id": ray.get_runtime_context().get_node_id(),
+            "incarnation": self._incarnation,
         }
 
     async def generate(

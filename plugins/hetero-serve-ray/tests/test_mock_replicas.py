@@ -122,7 +122,23 @@ def test_bad_input_is_refused_before_routing(server: ReplicatedServer) -> None:
     assert response.status_code == 400 and "prompt token ids must be integers in [0, 128)" in response.text, response.text
 
 
+def scrape_counters(server: ReplicatedServer) -> dict[str, float]:
+    """Every counter sample of ``/metrics`` by its name and labels."""
+    text = httpx.get(f"{server.url}/metrics").text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if "_total{" in line}
+
+
+def num_errors(counters: dict[str, float]) -> float:
+    return sum(value for key, value in counters.items() if key.startswith("vllm:request_success_total{") and 'finished_reason="error"' in key)
+
+
 def test_a_stream_whose_replica_dies_ends_with_an_error_event(server: ReplicatedServer) -> None:
+    """... and /metrics counts it as an error, and no counter goes backwards when the replica restarts at 0."""
+    assert complete(server, "1 warm").status_code == 200 and complete(server, "2 warm").status_code == 200  # one each
+    def counted() -> bool:
+        return all(scrape_counters(server).get(f'vllm:generation_tokens_total{{model_name="mock",replica="{r}"}}') for r in "01")
+    wait_until(counted, "both replicas' counters are above 0 in /metrics")
+    before = scrape_counters(server)
     body = {"model": "mock", "prompt": "a stream to cut", "max_tokens": 900, "temperature": 0, "stream": True}
     events: list[str] = []
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
@@ -137,6 +153,11 @@ def test_a_stream_whose_replica_dies_ends_with_an_error_event(server: Replicated
     assert "failed while generating" in error["message"] and error["type"]
     assert all("choices" in json.loads(event) for event in events[:-2])
     wait_until(lambda: all(r.is_ready for r in server.backend.replicas), "the replica is back")
+    assert complete(server, "after the restart").status_code == 200
+    wait_until(lambda: all(r.is_ready and r.metrics is not None for r in server.backend.replicas), "both replicas report")
+    after = scrape_counters(server)
+    assert {key: value for key, value in after.items() if key in before and value < before[key]} == {}
+    assert num_errors(after) == num_errors(before) + 1  # the front end ended it: no replica counted it
 
 
 def test_failover_after_a_replica_is_killed(ray_cluster: str) -> None:
