@@ -1,7 +1,8 @@
 """From the scheduler's plan to the executor's batch: one :class:`ScheduledSequence` per planned sequence.
 
 What the request wants of its next token travels as data: a constrained
-sample gets its allowed-token bitmask here. A sequence that cannot run
+sample gets its allowed-token bitmask here (a row of the step's one
+bitmask, whose rows are filled together). A sequence that cannot run
 (its allocator's block table does not hold the step's tokens, or its
 grammar engine cannot say what it may take) is left out and reported, so
 it fails alone.
@@ -29,18 +30,24 @@ class BatchBuilder:
 
     def build(self, plan: SchedulerOutput) -> tuple[ExecutionBatch, dict[int, str]]:
         """The step's batch, and why any planned sequence was left out of it (by sequence id)."""
-        sequences, problems = [], {}
+        sequences, problems, constrained = [], {}, []
         for work in plan.work:
             scheduled = scheduled_sequence(work)
             problem = block_table_problem(scheduled, self.block_size, self.num_blocks, self.allocator_plugin)
             if problem is not None:
                 log.error("invalid block table", plugin=self.allocator_plugin, problem=problem)
-            elif scheduled.do_sample and work.seq.request.grammar is not None:
-                scheduled.allowed_tokens, problem = self.grammars.allowed_tokens(work.seq)
-            if problem is None:
-                sequences.append(scheduled)
-            else:
                 problems[work.seq.seq_id] = problem
+                continue
+            sequences.append(scheduled)
+            if scheduled.do_sample and work.seq.request.grammar is not None:
+                constrained.append((scheduled, work.seq))
+        if constrained:  # the step's masks, filled together
+            bitmask, failed = self.grammars.allowed_tokens([seq for _, seq in constrained])
+            for row, (scheduled, _) in enumerate(constrained):
+                scheduled.allowed_tokens = bitmask[row]
+            if failed:
+                problems.update(failed)
+                sequences = [s for s in sequences if s.seq_id not in failed]
         return ExecutionBatch(sequences, block_size=self.block_size, block_copies=plan.block_copies), problems
 
 

@@ -6,6 +6,14 @@ structured output, so an engine that never sees one never loads it. Its
 faults are its own: a constraint it fails to compile is an
 ``ExecutionError`` naming the plugin, and a matcher that fails fails only
 its sample.
+
+A step's masks are filled together, as the rows of one bitmask, by the
+backend's ``fill_bitmasks`` where it has one
+(:class:`~hetero_core.structured_output.BatchMaskFiller`), else one matcher
+after another. When that call raises, each matcher is asked alone, so
+only the failing ones fail. The masks are filled on the stepping thread
+before the step runs: a sample's next mask depends on the token the step
+samples for it, so it cannot be computed earlier.
 """
 
 from __future__ import annotations
@@ -13,13 +21,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
+
 from hetero_core.components import ComponentRegistry
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError, ExecutionError
 from hetero_core.logs import get_logger
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import Sequence
-from hetero_core.structured_output import StructuredOutput, StructuredOutputBackend, new_bitmask
+from hetero_core.structured_output import BatchMaskFiller, StructuredOutput, StructuredOutputBackend, new_bitmask
 
 log = get_logger(__name__)
 
@@ -55,14 +65,58 @@ class Grammars:
             log.error("structured-output backend failed to compile", plugin=self.plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
             raise ExecutionError(f"structured-output plugin {self.plugin!r} failed to compile the constraint (details in the log)") from exc
 
-    def allowed_tokens(self, seq: Sequence) -> tuple[Any, str | None]:
-        """The bitmask row of the tokens a constrained sample may take next; or None and why it cannot have one."""
+    def allowed_tokens(self, seqs: list[Sequence]) -> tuple[np.ndarray, dict[int, str]]:
+        """The allowed next tokens of constrained samples: row ``i`` of the bitmask is ``seqs[i]``'s.
+
+        Also returns why any sample could not have its mask (by ``seq_id``);
+        its row is then undefined and the sample must not run.
+        """
+        bitmask = new_bitmask(len(seqs), self._tokenizer.vocab_size)
+        problems: dict[int, str] = {}
+        rows = []
+        for row, seq in enumerate(seqs):
+            try:
+                if seq.matcher is None:
+                    seq.matcher = self.backend().new_matcher(seq.request.grammar)
+                rows.append(row)
+            except Exception as exc:  # the grammar engine's fault: this sample fails alone
+                problems[seq.seq_id] = self._failed(f"{type(exc).__name__}: {exc}", exc)
+        if len(rows) > 1 and isinstance(self._backend, BatchMaskFiller):
+            together = self._fill_together(self._backend, [seqs[row].matcher for row in rows], bitmask, rows)
+            if together is not None:
+                for row, problem in zip(rows, together):
+                    if problem is not None:
+                        problems[seqs[row].seq_id] = self._failed(problem)
+                return bitmask, problems
+        for row in rows:
+            try:
+                seqs[row].matcher.fill_bitmask(bitmask, row)
+            except Exception as exc:  # this sample fails alone
+                problems[seqs[row].seq_id] = self._failed(f"{type(exc).__name__}: {exc}", exc)
+        return bitmask, problems
+
+    def _fill_together(
+        self, backend: BatchMaskFiller, matchers: list[Any], bitmask: np.ndarray, rows: list[int]
+    ) -> list[str | None] | None:
+        """``fill_bitmasks`` into the rows ``rows`` of ``bitmask``: per matcher None or its problem; None if the call failed."""
+        target = bitmask if len(rows) == len(bitmask) else np.ascontiguousarray(bitmask[rows])
         try:
-            if seq.matcher is None:
-                seq.matcher = self.backend().new_matcher(seq.request.grammar)
-            bitmask = new_bitmask(1, self._tokenizer.vocab_size)
-            seq.matcher.fill_bitmask(bitmask, 0)
-        except Exception as exc:  # the grammar engine's fault: this sample fails alone
-            log.error("structured-output matcher failed", plugin=self.plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-            return None, f"structured-output plugin {self.plugin!r} could not compute the allowed tokens"
-        return bitmask[0], None
+            problems = backend.fill_bitmasks(matchers, target)
+            if not isinstance(problems, list) or len(problems) != len(matchers):
+                raise TypeError(f"fill_bitmasks returned {type(problems).__name__}, not a list of {len(matchers)} problems")
+        except Exception as exc:  # the batch call's fault: each matcher is asked alone
+            log.warning(
+                "structured-output backend failed to fill a batch of masks; filling them one by one",
+                plugin=self.plugin,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            return None
+        if target is not bitmask:
+            bitmask[rows] = target
+        return [None if problem is None else str(problem) for problem in problems]
+
+    def _failed(self, error: str, exc: Exception | None = None) -> str:
+        """Log a matcher's failure; the reason its request is given."""
+        log.error("structured-output matcher failed", plugin=self.plugin, error=error, exc_info=exc)
+        return f"structured-output plugin {self.plugin!r} could not compute the allowed tokens"

@@ -4,10 +4,13 @@ A request names a constraint (:class:`StructuredOutput`: a JSON schema, any JSON
 object, a regular expression, a list of choices or a Lark grammar). A
 *structured-output backend* (a plugin, see
 ``register_structured_output_backends``) compiles each distinct constraint
-once and makes one :class:`GrammarMatcher` per sample. Before each decode step
-the core asks every constrained sample's matcher for its allowed next tokens
-as a bitmask row; the executor only applies that mask. After sampling, the
-core feeds the chosen token back with :meth:`GrammarMatcher.accept_token`.
+once and makes one :class:`GrammarMatcher` per sample. Before each step the
+core asks for the allowed next tokens of every constrained sample that samples
+in it, as the rows of one bitmask: all together through the backend's
+:meth:`BatchMaskFiller.fill_bitmasks` where it has one (llguidance's fills
+them in parallel), else one matcher after another. The executor only applies
+that mask. After sampling, the core feeds the chosen token back with
+:meth:`GrammarMatcher.accept_token`.
 
 A bitmask row holds ``ceil(vocab_size / 32)`` int32 words; bit ``t % 32`` of
 word ``t // 32`` set means token ``t`` is allowed. Use :func:`new_bitmask`
@@ -170,6 +173,29 @@ class StructuredOutputBackend(Protocol):
 
     def new_matcher(self, compiled: Any) -> GrammarMatcher:
         """A matcher at the start of ``compiled`` (a value :meth:`compile` returned)."""
+        ...
+
+
+@runtime_checkable
+class BatchMaskFiller(Protocol):
+    """Optional for a :class:`StructuredOutputBackend`: one step's masks, all at once.
+
+    A backend that can compute several matchers' masks together (in parallel,
+    without holding the GIL) implements it; the core then makes one call per
+    step instead of one :meth:`GrammarMatcher.fill_bitmask` per sample.
+    """
+
+    def fill_bitmasks(self, matchers: list[GrammarMatcher], bitmask: np.ndarray) -> list[str | None]:
+        """Write each ``matchers[i]``'s allowed next tokens into ``bitmask[i]``.
+
+        ``matchers`` are distinct, made by this backend; ``bitmask`` is a
+        C-contiguous int32 array of ``len(matchers)`` rows (see
+        :func:`new_bitmask`). Each row must equal what
+        ``matchers[i].fill_bitmask(bitmask, i)`` writes. Returns, per matcher,
+        None, or why it failed where ``fill_bitmask`` would raise (its row is
+        then undefined): a failing matcher fails alone. Raising fails no one:
+        the core then asks each matcher alone.
+        """
         ...
 
 

@@ -27,6 +27,7 @@ import pytest
 from hetero_core.errors import ValidationError
 from hetero_core.protocols import Tokenizer
 from hetero_core.structured_output import (
+    BatchMaskFiller,
     GrammarMatcher,
     StructuredOutput,
     StructuredOutputBackend,
@@ -55,11 +56,15 @@ class Walker:
             [t for t in range(self.vocab_size) if tokenizer.decode([t], skip_special_tokens=True) in CLOSERS]
         )
 
-    def allowed(self, matcher: GrammarMatcher) -> np.ndarray:
+    def allowed_mask(self, matcher: GrammarMatcher) -> np.ndarray:
+        """The matcher's bitmask row, filled alone."""
         bitmask = new_bitmask(1, self.vocab_size)
         bitmask[0] = 0
         matcher.fill_bitmask(bitmask, 0)
-        return allowed_token_ids(bitmask[0], self.vocab_size)
+        return bitmask[0]
+
+    def allowed(self, matcher: GrammarMatcher) -> np.ndarray:
+        return allowed_token_ids(self.allowed_mask(matcher), self.vocab_size)
 
     def walk(self, matcher: GrammarMatcher, rng: random.Random) -> list[int]:
         """The tokens of one complete walk, EOS excluded."""
@@ -181,3 +186,26 @@ class StructuredOutputBackendContract:
         walker.walk(child, rng)
         assert child.is_finished and not parent.is_finished
         assert np.array_equal(walker.allowed(parent), before)
+
+    def test_masks_filled_together_equal_masks_filled_one_by_one(
+        self, backend: StructuredOutputBackend, walker: Walker, tokenizer: Tokenizer
+    ) -> None:
+        """Only for a backend with ``fill_bitmasks``: samples of several grammars, each at its own point of a walk."""
+        if not isinstance(backend, BatchMaskFiller):
+            pytest.skip("the backend fills masks one matcher at a time")
+        rng = random.Random(7)
+        constraints = [
+            StructuredOutput.json_schema(FINITE_SCHEMA),
+            StructuredOutput.regex(r"[0-9]{3}-[a-z]{2,4}"),
+            StructuredOutput.json_object(),
+        ]
+        matchers = [self.matcher(backend, constraints[i % len(constraints)]) for i in range(12)]
+        for step in range(6):
+            together = new_bitmask(len(matchers), tokenizer.vocab_size)
+            together[:] = 0
+            assert backend.fill_bitmasks(matchers, together) == [None] * len(matchers)
+            for row, matcher in enumerate(matchers):
+                assert np.array_equal(together[row], walker.allowed_mask(matcher)), (step, row)
+                allowed = [t for t in allowed_token_ids(together[row], tokenizer.vocab_size).tolist() if t != walker.eos]
+                if allowed and not matcher.is_finished:
+                    assert matcher.accept_token(rng.choice(allowed))

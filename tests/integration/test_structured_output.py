@@ -202,3 +202,91 @@ def test_a_faulty_grammar_engine_is_named_and_harms_no_other_request() -> None:
         assert engine.get_memory_stats().used_blocks == 0
     finally:
         engine.close()
+
+
+class BatchedGrammars:
+    """A grammar engine that fills a step's masks in one call (every token allowed) and records each call's size.
+
+    A matcher of the regex ``"bad"`` fails from its third mask on; with ``batch_raises`` the batch call itself raises.
+    """
+
+    def __init__(self, *, batch_raises: bool = False) -> None:
+        self.batch_sizes: list[int] = []
+        self.num_single_fills = 0
+        self.batch_raises = batch_raises
+
+    @hookimpl
+    def register_structured_output_backends(self, register) -> None:
+        engine = self
+
+        class Matcher:
+            is_finished = False
+
+            def __init__(self, is_bad: bool) -> None:
+                self.is_bad, self.num_masks = is_bad, 0
+
+            def problem(self) -> str | None:
+                self.num_masks += 1
+                return "matcher broke at its third mask" if self.is_bad and self.num_masks >= 3 else None
+
+            def fill_bitmask(self, bitmask, row) -> None:
+                engine.num_single_fills += 1
+                bitmask[row] = -1
+                if self.problem() is not None:
+                    raise RuntimeError("matcher broke at its third mask")
+
+            def accept_token(self, token_id) -> bool:
+                return True
+
+        class Backend:
+            def compile(self, constraint):
+                return constraint
+
+            def new_matcher(self, grammar):
+                return Matcher(grammar.value == "bad")
+
+            def fill_bitmasks(self, matchers, bitmask):
+                engine.batch_sizes.append(len(matchers))
+                if engine.batch_raises:
+                    raise RuntimeError("batch broke")
+                bitmask[:] = -1
+                return [matcher.problem() for matcher in matchers]
+
+        register("batched", lambda tokenizer, **options: Backend())
+
+
+def run_batched(grammars: BatchedGrammars) -> tuple[dict, list[str], str, str]:
+    """Three good constrained requests, one whose matcher fails, one unconstrained; all in every step's batch."""
+    engine = engine_with((grammars, "batched-grammars"), structured_output="batched")
+    try:
+        def params(pattern: str | None) -> GenerationParams:
+            constraint = None if pattern is None else StructuredOutput.regex(pattern)
+            return GenerationParams(max_tokens=8, ignore_eos=True, structured_output=constraint)
+
+        good = [engine.submit_request(f"p{i}", params("a+")) for i in range(3)]
+        bad = engine.submit_request("q", params("bad"))
+        free = engine.submit_request("r", params(None))
+        records = {r.request_id: r for r in engine.run()}
+        assert engine.get_memory_stats().used_blocks == 0
+        return records, good, bad, free
+    finally:
+        engine.close()
+
+
+def test_a_step_fills_its_masks_in_one_call_and_a_failing_matcher_fails_alone() -> None:
+    grammars = BatchedGrammars()
+    records, good, bad, free = run_batched(grammars)
+    assert "structured-output plugin 'batched-grammars' could not compute the allowed tokens" in records[bad].error
+    for request_id in [*good, free]:
+        assert records[request_id].error is None and len(records[request_id].generated_tokens) == 8
+    assert grammars.batch_sizes == [4, 4, 4] + [3] * 5  # one call a step for every constrained sample; then without the failed one
+    assert grammars.num_single_fills == 0
+
+
+def test_when_the_batch_call_raises_each_matcher_is_asked_alone() -> None:
+    grammars = BatchedGrammars(batch_raises=True)
+    records, good, bad, free = run_batched(grammars)
+    assert "could not compute the allowed tokens" in records[bad].error
+    for request_id in [*good, free]:
+        assert records[request_id].error is None and len(records[request_id].generated_tokens) == 8
+    assert grammars.batch_sizes == [4, 4, 4] + [3] * 5 and grammars.num_single_fills == 4 * 3 + 3 * 5

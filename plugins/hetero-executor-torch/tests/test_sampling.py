@@ -188,3 +188,31 @@ def test_argmax_rows_picks_the_first_largest_as_argmax_does(rows: int, width: in
     """Few distinct values, so most rows hold their maximum several times."""
     values = torch.randint(0, levels, (rows, width), generator=torch.Generator().manual_seed(seed)).float()
     assert torch.equal(argmax_rows(values), values.argmax(dim=-1))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    vocab=st.integers(1, 100),
+    constrained=st.lists(st.booleans(), min_size=1, max_size=6),
+    bf16=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_masks_apply_to_their_rows_only(vocab, constrained, bf16, seed) -> None:
+    """Against a bit-by-bit reference: all rows or some constrained, the model's dtype, a vocabulary past the mask's width."""
+    rng = np.random.default_rng(seed)
+    num_words = max(1, (vocab - 40 + 31) // 32)  # the tokenizer's ids; the model's beyond the mask are never allowed
+    bitmask = rng.integers(-(2**31), 2**31, size=(len(constrained), num_words), dtype=np.int64).astype(np.int32)
+    logits = torch.randn(len(constrained), vocab, generator=torch.Generator().manual_seed(seed))
+    logits = logits.bfloat16() if bf16 else logits
+    rows = []
+    for i, is_constrained in enumerate(constrained):
+        row = seq(GenerationParams(temperature=0.0, logprobs=1), seq_id=i)
+        row.allowed_tokens = bitmask[i] if is_constrained else None
+        rows.append(row)
+    tokens, logprobs = Sampler(vocab)(logits, rows)
+    for i, is_constrained in enumerate(constrained):
+        allowed = [t for t in range(vocab) if not is_constrained or (t < 32 * num_words and (int(bitmask[i, t // 32]) >> (t % 32)) & 1)]
+        if not allowed:
+            continue  # nothing allowed: the boundary, not the sampler, fails such a row
+        assert tokens[i] in allowed and logprobs[i].token_id == tokens[i]
+        assert float(logits[i, tokens[i]]) == max(float(logits[i, t]) for t in allowed)  # ties: any of the best

@@ -1,8 +1,13 @@
-"""The ``llguidance`` structured-output backend: compiled grammars cached per constraint, one matcher per sample."""
+"""The ``llguidance`` structured-output backend: compiled grammars cached per constraint, one matcher per sample.
+
+A step's masks are filled together by an ``llguidance.LLExecutor``: on its
+own threads, without the GIL, one matcher per thread at a time.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 
@@ -18,6 +23,7 @@ from hetero_structured_llguidance.vocabulary import llguidance_tokenizer
 
 ANY_JSON_OBJECT = {"type": "object"}
 FIRST_TOKENS_TRIED = 8  # at compile time, allowed first tokens each taken on a copy
+MAX_MASK_THREADS = 32
 
 log = get_logger(__name__)
 
@@ -35,8 +41,13 @@ class LLGuidanceMatcher:
         if target.dtype != np.int32 or target.shape != (self._num_words,) or not target.flags["C_CONTIGUOUS"]:
             raise ValueError(f"a bitmask row must be {self._num_words} contiguous int32 words, got {target.shape} {target.dtype}")
         self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
-        if self._matcher.is_error():
-            raise ExecutionError(f"the grammar matcher failed: {self._matcher.get_error()}", param="structured_output")
+        problem = self.problem()
+        if problem is not None:
+            raise ExecutionError(problem, param="structured_output")
+
+    def problem(self) -> str | None:
+        """Why the matcher failed (it then allows only end-of-sequence), or None."""
+        return f"the grammar matcher failed: {self._matcher.get_error()}" if self._matcher.is_error() else None
 
     def accept_token(self, token_id: int) -> bool:
         if token_id == self._eos_token_id:
@@ -73,6 +84,9 @@ class LLGuidanceBackend:
     - ``max_cached_grammars``: how many compiled constraints to keep (least
       recently used ones are dropped); a refused constraint is kept too, so
       asking again is refused at once.
+    - ``mask_threads``: threads that fill a step's masks together (default:
+      one per CPU, at most 32); the stepping thread waits for them, so they
+      take no cores from the model.
     - the bounds of :class:`~hetero_structured_llguidance.limits.GrammarLimits`.
 
     A constraint is refused at compile time (a ``ValidationError``) when no
@@ -89,6 +103,7 @@ class LLGuidanceBackend:
         *,
         whitespace_flexible: bool = False,
         max_cached_grammars: int = 256,
+        mask_threads: int | None = None,
         limits: GrammarLimits | None = None,
     ) -> None:
         self._tokenizer = llguidance_tokenizer(tokenizer)
@@ -103,6 +118,8 @@ class LLGuidanceBackend:
         self._parser_limits = self.limits.parser_limits()
         self._cache: OrderedDict[StructuredOutput, llguidance.LLMatcher | ValidationError] = OrderedDict()
         self._lock = threading.Lock()
+        self.mask_threads = mask_threads or min(MAX_MASK_THREADS, os.cpu_count() or 1)
+        self._mask_executor: llguidance.LLExecutor | None = None  # its threads start with the first batch of masks
 
     def compile(self, constraint: StructuredOutput) -> llguidance.LLMatcher:
         """A matcher at the start of ``constraint``'s grammar, kept as the template new matchers copy."""
@@ -155,6 +172,19 @@ class LLGuidanceBackend:
 
     def new_matcher(self, compiled: llguidance.LLMatcher) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(compiled.deep_copy(), self._num_words, self._eos_token_id)
+
+    def fill_bitmasks(self, matchers: list[LLGuidanceMatcher], bitmask: np.ndarray) -> list[str | None]:
+        """Implements :class:`hetero_core.structured_output.BatchMaskFiller`: the masks on the executor's threads."""
+        if bitmask.dtype != np.int32 or bitmask.shape != (len(matchers), self._num_words) or not bitmask.flags["C_CONTIGUOUS"]:
+            raise ValueError(
+                f"the bitmask must be {len(matchers)} rows of {self._num_words} contiguous int32 words,"
+                f" got {bitmask.shape} {bitmask.dtype}"
+            )
+        if self._mask_executor is None:
+            self._mask_executor = llguidance.LLExecutor(num_threads=self.mask_threads)
+        pairs = [(matcher._matcher, row) for row, matcher in enumerate(matchers)]
+        self._mask_executor.unsafe_compute_mask_ptr(pairs, bitmask.ctypes.data, self._num_words * 4, len(matchers))
+        return [matcher.problem() for matcher in matchers]
 
     @property
     def num_cached_grammars(self) -> int:

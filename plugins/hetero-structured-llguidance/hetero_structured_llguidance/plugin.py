@@ -9,7 +9,7 @@ import attrs
 from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
 from hetero_core.validators import boolean, number_in
-from hetero_structured_llguidance.backend import LLGuidanceBackend
+from hetero_structured_llguidance.backend import MAX_MASK_THREADS, LLGuidanceBackend
 from hetero_structured_llguidance.limits import GrammarLimits
 
 DEFAULT_LIMITS = GrammarLimits()
@@ -25,6 +25,9 @@ class LLGuidanceOptions:
 
     whitespace_flexible: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
     max_cached_grammars: int = attrs.field(default=256, validator=number_in(1, 2**20, integer=True, error=ConfigError))
+    mask_threads: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(number_in(1, MAX_MASK_THREADS, integer=True, error=ConfigError))
+    )
     max_grammar_size: int = _bound(DEFAULT_LIMITS.max_grammar_size)
     compile_fuel: int = _bound(DEFAULT_LIMITS.compile_fuel)
     max_items_in_row: int = _bound(DEFAULT_LIMITS.max_items_in_row)
@@ -36,10 +39,15 @@ def llguidance_backend(
     *,
     whitespace_flexible: bool = False,
     max_cached_grammars: int = 256,
+    mask_threads: int | None = None,
     **limits: int,
 ) -> LLGuidanceBackend:
     return LLGuidanceBackend(
-        tokenizer, whitespace_flexible=whitespace_flexible, max_cached_grammars=max_cached_grammars, limits=GrammarLimits(**limits)
+        tokenizer,
+        whitespace_flexible=whitespace_flexible,
+        max_cached_grammars=max_cached_grammars,
+        mask_threads=mask_threads,
+        limits=GrammarLimits(**limits),
     )
 
 

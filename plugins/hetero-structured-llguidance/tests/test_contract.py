@@ -37,6 +37,7 @@ class TestOnTheByteTokenizer(StructuredOutputBackendContract):
     [
         ({"whitespace_flexible": "yes"}, "whitespace_flexible"),
         ({"max_cached_grammars": 0}, "max_cached_grammars"),
+        ({"mask_threads": 0}, "mask_threads"),
         ({"cache": 3}, "no option .cache.; accepted: whitespace_flexible, max_cached_grammars"),
     ],
 )
