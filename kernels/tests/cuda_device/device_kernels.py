@@ -10,6 +10,7 @@ Tolerances: float32 accumulation against the float64 reference, atol 5e-5 / rtol
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from numba import cuda
 
@@ -44,14 +45,18 @@ def test_decode_and_prefill_match_reference_on_the_gpu(problem: Problem) -> None
     np.testing.assert_allclose(out.copy_to_host(), expected, atol=ATOL, rtol=RTOL)
 
 
-@settings(max_examples=10, deadline=None)
-@given(gpu_problems)
-def test_torch_tensors_on_the_current_stream(problem: Problem) -> None:
-    import pytest
-
+def torch_with_cuda():
+    """torch, or a skip where it is missing or has no CUDA."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
+    return torch
+
+
+@settings(max_examples=10, deadline=None)
+@given(gpu_problems)
+def test_torch_tensors_on_the_current_stream(problem: Problem) -> None:
+    torch = torch_with_cuda()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         args = [torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in problem.decode_args]
@@ -72,11 +77,7 @@ def test_torch_tensors_on_the_current_stream(problem: Problem) -> None:
 @given(gpu_problems)
 def test_torch_bfloat16_tensors_in_and_out(problem: Problem) -> None:
     """A bfloat16 model's tensors as they are: bfloat16 queries, cache and output (rounded once)."""
-    import pytest
-
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA")
+    torch = torch_with_cuda()
 
     def bfloat16(a: np.ndarray):
         tensor = torch.from_numpy(a.astype(np.int16) if a.dtype == np.uint16 else a).cuda()

@@ -13,8 +13,7 @@ import torch
 from numba import config as numba_config
 
 from hetero_core.errors import ConfigError
-from hetero_executor_torch.attention import AttentionInputs
-from hetero_executor_torch.kernel_attention import KernelAttention, kernel_array
+from hetero_executor_torch.kernel_attention import KernelAttention
 
 
 def simulator_enabled() -> bool:
@@ -26,6 +25,7 @@ class NumbaCudaAttention(KernelAttention):
     taking the queries and writing the output in the model's dtype (no conversion launches)."""
 
     name = "numba-cuda"
+    fused_kernels = "cuda_fused"
 
     def __init__(self) -> None:
         from hetero_kernels import cuda
@@ -42,23 +42,7 @@ class NumbaCudaAttention(KernelAttention):
             return torch.float32  # the simulator computes on host memory in float32/float64
         return kv_cache_dtype
 
-    def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
-        kernels, meta = self.kernels, inputs.kernel
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        if not query.is_cuda:
-            query = query.contiguous()  # the simulator copies its arrays, which must then be contiguous; a GPU reads strided views
-        n = inputs.num_decodes
-        caches = (kernel_array(k_cache), kernel_array(v_cache))
-        if n:
-            kernels.paged_decode_attention(kernel_array(out[:n]), kernel_array(query[:n]), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
-        if query.shape[0] > n:
-            kernels.paged_prefill_attention(
-                kernel_array(out[n:]),
-                kernel_array(query[n:]),
-                *caches,
-                kernel_array(meta.prefill_tables),
-                kernel_array(meta.prefill_query_start),
-                kernel_array(meta.prefill_context_lens),
-                scale,
-            )
-        return out
+    def operands(self, query: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries as they are, the output written in place: the kernels take the model's dtype.
+        The simulator copies its arrays, which must then be contiguous; a GPU reads strided views."""
+        return (query if query.is_cuda else query.contiguous()), out

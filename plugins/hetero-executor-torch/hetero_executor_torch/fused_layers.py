@@ -35,13 +35,14 @@ Figures are in ``benchmarks/README.md``.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from hetero_executor_torch.attention import AttentionInputs
-from hetero_executor_torch.kernel_attention import NumbaCpuAttention, kernel_array
+from hetero_executor_torch.kernel_attention import kernel_array
 from hetero_executor_torch.model_config import ModelConfig
 from hetero_executor_torch.quantized import TILED_MAX_ROWS, VNNI_MAX_ROWS, Linear, PackedLinear
 
@@ -53,23 +54,17 @@ DTYPES = (torch.float32, torch.bfloat16)
 
 def fused_kernels(attention: object, device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype, config: ModelConfig) -> Any:
     """The kernels module that runs the layers fused, or None for torch's ops: none for a model with a
-    norm of each query and key head (Qwen3's), which the kernels do not apply; on CUDA (or with the
-    CUDA kernels' attention backend, on their simulator) ``cuda_fused`` where numba-cuda is installed;
-    on the CPU ``cpu_fused`` with the ``numba`` backend (its ``configure`` refuses any other device),
-    a model in float32 or bf16 and the cache in the same dtype."""
-    if config.head_norm:
+    norm of each query and key head (Qwen3's), which the kernels do not apply; on CUDA ``cuda_fused``
+    with any backend, where numba-cuda is installed; elsewhere the module the attention backend names
+    in ``fused_kernels`` (``numba``: ``cpu_fused``, for a model in float32 or bf16 with the cache in
+    the same dtype; ``numba-cuda`` on its simulator: ``cuda_fused``)."""
+    name = "cuda_fused" if device.type == "cuda" else getattr(attention, "fused_kernels", None)
+    if config.head_norm or name is None or (name == "cpu_fused" and (dtype not in DTYPES or kv_cache_dtype != dtype)):
         return None
-    if device.type == "cuda" or getattr(getattr(attention, "kernels", None), "__name__", "") == "hetero_kernels.cuda":
-        try:
-            from hetero_kernels import cuda_fused
-        except ImportError:
-            return None
-        return cuda_fused
-    if isinstance(attention, NumbaCpuAttention) and dtype in DTYPES and kv_cache_dtype == dtype:
-        from hetero_kernels import cpu_fused
-
-        return cpu_fused
-    return None
+    try:
+        return importlib.import_module(f"hetero_kernels.{name}")
+    except ImportError:  # hetero_kernels, or numba-cuda, not installed
+        return None
 
 
 def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | None]) -> list[tuple]:

@@ -35,6 +35,7 @@ class KernelAttention:
 
     name = "kernels"
     supports_graphs = True
+    fused_kernels: str | None = None  # the hetero_kernels module that runs the layers' other ops beside these kernels
 
     def __init__(self, kernels: Any) -> None:
         self.kernels = kernels
@@ -57,19 +58,21 @@ class KernelAttention:
         return AttentionInputs(slot_mapping, rows, [], [], no_prefills)
 
     def attend(self, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> torch.Tensor:
-        """The kernels take float32 queries."""
         kernels, meta = self.kernels, inputs.kernel
         out = torch.empty_like(query)
         n = inputs.num_decodes
         caches = (kernel_array(k_cache), kernel_array(v_cache))
         if n:
-            q, attended = _float32_pair(query[:n])
-            kernels.paged_decode_attention(kernel_array(attended), kernel_array(q), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
-            out[:n] = attended
+            q, part = query[:n], out[:n]
+            q, target = self.operands(q, part)
+            kernels.paged_decode_attention(kernel_array(target), kernel_array(q), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
+            if target is not part:
+                part.copy_(target)
         if query.shape[0] > n:
-            q, attended = _float32_pair(query[n:])
+            q, part = query[n:], out[n:]
+            q, target = self.operands(q, part)
             kernels.paged_prefill_attention(
-                kernel_array(attended),
+                kernel_array(target),
                 kernel_array(q),
                 *caches,
                 kernel_array(meta.prefill_tables),
@@ -77,14 +80,16 @@ class KernelAttention:
                 kernel_array(meta.prefill_context_lens),
                 scale,
             )
-            out[n:] = attended
+            if target is not part:
+                part.copy_(target)
         return out
 
-
-def _float32_pair(query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``query`` as a contiguous float32 tensor, and an output of its shape for a kernel to fill."""
-    q = query.float().contiguous()
-    return q, torch.empty_like(q)
+    def operands(self, query: torch.Tensor, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries as the kernels take them, and where they write (``out`` itself, or a buffer
+        copied into it after the call): here a contiguous float32 copy of the queries and a float32
+        buffer, as the CPU kernels take them."""
+        q = query.float().contiguous()
+        return q, torch.empty_like(q)
 
 
 class NumbaCpuAttention(KernelAttention):
@@ -92,6 +97,7 @@ class NumbaCpuAttention(KernelAttention):
     float16) in place. CPU only."""
 
     name = "numba"
+    fused_kernels = "cpu_fused"
 
     def __init__(self) -> None:
         from hetero_kernels import cpu
