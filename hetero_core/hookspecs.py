@@ -24,6 +24,25 @@ hookimpl = pluggy.HookimplMarker("hetero_infer")
 Register = Callable[..., None]  # register(name, factory, options=None)
 
 
+# --------------------------------------------------------------------------- setup
+
+
+@hookspec(historic=True)
+def hetero_add_hookspecs(pluginmanager: Any) -> None:
+    """Add a plugin's own hook specifications, as pytest's ``pytest_addhooks`` does.
+
+    Called once per plugin manager for each plugin as it registers (historic:
+    plugins registered later still hear it), before any discovery hook runs.
+    A plugin that offers its own extension point adds its spec module here
+    (``pluginmanager.add_hookspecs(my_hookspecs)``); other plugins then
+    implement those hooks like the core's. A plugin-added ``register_*`` hook
+    is listed by ``hetero-infer plugins`` beside the core's points.
+
+    :param pluginmanager: the :class:`~hetero_core.plugins.PluginManager`.
+    :return: nothing.
+    """
+
+
 # --------------------------------------------------------------------------- discovery
 
 

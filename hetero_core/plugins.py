@@ -97,6 +97,7 @@ def create_plugin_manager(
     """
     pm = PluginManager()
     pm.add_hookspecs(hookspecs)
+    pm.hook.hetero_add_hookspecs.call_historic(kwargs={"pluginmanager": pm})
     installed = _entry_points() if entry_points else {}
     load = list(load)
     disabled = [*(_env_names(DISABLE_ENV) or []), *disable]
@@ -168,6 +169,7 @@ def _check_hooks(pm: PluginManager) -> None:
 def describe_plugins(pm: PluginManager) -> list[dict[str, Any]]:
     """Each plugin: name, version, hooks, components with their options; broken ones with their problem."""
     registry = ComponentRegistry(pm)
+    added = _added_points(pm)
     described = []
     for name, plugin in sorted(pm.list_name_plugin(), key=lambda item: item[0]):
         if plugin is None:  # blocked
@@ -176,6 +178,7 @@ def describe_plugins(pm: PluginManager) -> list[dict[str, Any]]:
             point: {r.name: describe_options(r) for r in registry.registrations(point) if r.plugin == name}
             for point in EXTENSION_POINTS
         }
+        components.update({point: {n: {} for n in names.get(name, ())} for point, names in added.items()})
         described.append(
             {
                 "name": name,
@@ -186,3 +189,22 @@ def describe_plugins(pm: PluginManager) -> list[dict[str, Any]]:
         )
     described += [{"name": name, "broken": problem} for name, problem in sorted(pm.broken.items())]
     return sorted(described, key=lambda p: p["name"])
+
+
+def _added_points(pm: PluginManager) -> dict[str, dict[str, list[str]]]:
+    """The points plugins add with their own ``register_*`` specs (``hetero_add_hookspecs``): point -> plugin ->
+    the names it registers there. A plugin whose hook raises is broken, as for the core's points."""
+    added: dict[str, dict[str, list[str]]] = {}
+    for hook_name, caller in vars(pm.hook).items():
+        if not hook_name.startswith("register_") or caller.spec is None or caller.spec.namespace is hookspecs:
+            continue
+        names: dict[str, list[str]] = {}
+        for impl in caller.get_hookimpls():
+            registered = names.setdefault(impl.plugin_name, [])
+            try:
+                impl.function(register=lambda name, *_args, **_kwargs: registered.append(name))
+            except Exception as exc:
+                names.pop(impl.plugin_name, None)
+                pm.mark_broken(impl.plugin_name, f"its {hook_name} hook raised {type(exc).__name__}: {exc}")
+        added[hook_name.removeprefix("register_").removesuffix("s")] = names
+    return added

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from hetero_core.errors import ConfigError
-from hetero_core.hookspecs import hookimpl
+from hetero_core.hookspecs import hookimpl, hookspec
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager, describe_plugins
 
 from .conftest import installed_plugins
@@ -246,6 +246,35 @@ def test_a_plugin_whose_register_hook_raises_is_broken_alone() -> None:
     registry = ComponentRegistry(pm)
     assert registry.names("scheduler") == ["fine"]
     assert pm.broken == {"raising": "its register_scheduler_policies hook raised RuntimeError: registration bug"}
+
+
+def test_a_plugin_adds_an_extension_point_that_is_listed_and_guarded_like_the_cores() -> None:
+    widget_specs = types.SimpleNamespace(register_widgets=hookspec(lambda register: None))
+
+    class Offering:
+        @hookimpl
+        def hetero_add_hookspecs(self, pluginmanager) -> None:
+            pluginmanager.add_hookspecs(widget_specs)
+
+    class Widgets:
+        @hookimpl
+        def register_widgets(self, register) -> None:
+            register("gear")
+
+    class Raising:
+        @hookimpl
+        def register_widgets(self, register) -> None:
+            raise RuntimeError("widget bug")
+
+    pm = create_plugin_manager(entry_points=False)
+    pm.register(Widgets(), name="widgets")  # before the spec exists: the historic hook adds it later
+    pm.register(Raising(), name="raising")
+    pm.register(Offering(), name="offering")
+    pm.check_pending()
+    listing = {p["name"]: p for p in describe_plugins(pm)}
+    assert listing["widgets"]["components"] == {"widget": {"gear": {}}}
+    assert listing["raising"] == {"name": "raising", "broken": "its register_widgets hook raised RuntimeError: widget bug"}
+    assert "widget" not in listing["offering"]["components"]
 
 
 def test_loading_a_module_that_is_also_an_entry_point_loads_it_once(installed_distribution) -> None:
