@@ -49,10 +49,10 @@ class Tokenizer(Protocol):
 
     Token ids are ints in ``[0, vocab_size)``. ``eos_token_id`` ends
     generation unless a request sets ``ignore_eos``; ``bos_token_id`` is the
-    prefix :meth:`encode` adds with ``add_special_tokens``; a grammar engine
-    treats all three, ``pad_token_id`` included, as control tokens that no
-    constrained text may contain. Each may be None when the vocabulary has
-    no such token.
+    prefix :meth:`encode` adds with ``add_special_tokens``. Each of the three,
+    ``pad_token_id`` included, may be None when the vocabulary has no such
+    token. :meth:`token_bytes` and :attr:`special_token_ids` are the
+    vocabulary as a grammar engine reads it.
     """
 
     @property
@@ -66,6 +66,28 @@ class Tokenizer(Protocol):
 
     @property
     def pad_token_id(self) -> int | None: ...
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """The control tokens: ids that stand for no text (decode leaves them out with ``skip_special_tokens``).
+
+        BOS, EOS and PAD are among them, as are a chat format's markers
+        (``<|im_start|>`` and the like). No constrained text may contain one.
+        """
+        ...
+
+    def token_bytes(self) -> SequenceOf[bytes]:
+        """Each token id's bytes, indexed by id (``vocab_size`` entries): what the token adds to generated text.
+
+        Over the ids :meth:`encode` gives for a text (without special tokens),
+        the bytes join into the text's UTF-8 bytes (with a leading space where
+        the tokenizer prepends one, as SentencePiece does). A token may be part
+        of a character (byte-level vocabularies split UTF-8 sequences). Control
+        tokens (:attr:`special_token_ids`) are listed as their text; an id with
+        no token has ``b""``. Computed once, so a grammar engine may call it
+        when it is built.
+        """
+        ...
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` the model's usual prefix (a BOS) is added."""

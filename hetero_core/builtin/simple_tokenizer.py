@@ -75,8 +75,12 @@ class SimpleTokenizer:
     def pad_token_id(self) -> int:
         return self.PAD
 
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        return frozenset(self.SPECIAL_TEXT)
+
     def token_bytes(self) -> list[bytes]:
-        """Each token id's bytes, control tokens as their text (what a grammar engine reads)."""
+        """Byte ``b`` for token ``b``; the control tokens as their text."""
         return [bytes((b,)) for b in range(NUM_BYTES)] + [self.SPECIAL_TEXT[t].encode() for t in (self.BOS, self.EOS, self.PAD)]
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

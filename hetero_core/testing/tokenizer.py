@@ -10,7 +10,9 @@ Subclass :class:`TokenizerContract` and override the ``tokenizer`` fixture
 
 The checks follow :class:`hetero_core.protocols.Tokenizer`: plain text
 round-trips, ids stay in the vocabulary, streamed pieces concatenate to the
-full decode without splitting a character, and the chat template renders
+full decode without splitting a character, every token's bytes join into
+the text it encodes, the control tokens include BOS, EOS and PAD and decode
+to nothing, and the chat template renders
 well-formed messages (tools and tool-call history included, with the
 rendering options) and rejects malformed ones with ``ValidationError``.
 """
@@ -121,6 +123,25 @@ class TokenizerContract:
     def test_special_ids_are_in_the_vocabulary(self, tokenizer: Tokenizer) -> None:
         for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id):
             assert token_id is None or (isinstance(token_id, int) and 0 <= token_id < tokenizer.vocab_size)
+
+    def test_special_token_ids_are_the_control_tokens(self, tokenizer: Tokenizer) -> None:
+        special = tokenizer.special_token_ids
+        assert isinstance(special, frozenset) and all(0 <= token_id < tokenizer.vocab_size for token_id in special)
+        for token_id in (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id):
+            assert token_id is None or token_id in special
+        assert tokenizer.decode(sorted(special), skip_special_tokens=True) == ""
+
+    def test_token_bytes_list_the_whole_vocabulary(self, tokenizer: Tokenizer) -> None:
+        token_bytes = tokenizer.token_bytes()
+        assert len(token_bytes) == tokenizer.vocab_size
+        assert all(isinstance(piece, bytes) for piece in token_bytes)
+        assert tokenizer.token_bytes() == token_bytes
+
+    @pytest.mark.parametrize("text", SAMPLE_TEXTS)
+    def test_token_bytes_join_into_the_text(self, tokenizer: Tokenizer, text: str) -> None:
+        token_bytes = tokenizer.token_bytes()
+        joined = b"".join(token_bytes[token_id] for token_id in tokenizer.encode(text, add_special_tokens=False))
+        assert joined in (text.encode("utf-8"), b" " + text.encode("utf-8"))
 
     def test_eos_is_left_out_when_skipping_special_tokens(self, tokenizer: Tokenizer) -> None:
         if tokenizer.eos_token_id is None:

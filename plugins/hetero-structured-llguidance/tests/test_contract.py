@@ -51,9 +51,11 @@ def test_bad_options_are_config_errors_naming_them(options, message) -> None:
         ComponentRegistry(pm).create("structured_output", "llguidance", options, SimpleTokenizer())
 
 
-def test_a_tokenizer_without_a_readable_vocabulary_is_refused() -> None:
-    class Opaque:
-        vocab_size, bos_token_id, eos_token_id, pad_token_id = 10, None, 9, None
+class _ShortVocabulary(SimpleTokenizer):
+    def token_bytes(self) -> list[bytes]:
+        return super().token_bytes()[:-1]
 
-    with pytest.raises(ConfigError, match="cannot read the vocabulary of Opaque"):
-        LLGuidanceBackend(Opaque())
+
+def test_token_bytes_must_list_the_whole_vocabulary() -> None:
+    with pytest.raises(ConfigError, match="token_bytes.. lists 258 tokens, its vocab_size is 259"):
+        LLGuidanceBackend(_ShortVocabulary())

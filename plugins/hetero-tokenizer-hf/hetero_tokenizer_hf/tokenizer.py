@@ -15,6 +15,7 @@ from hetero_tokenizer_hf.detokenizer import StreamingDetokenizer
 from hetero_tokenizer_hf.gguf_vocab import read_gguf_tokenizer
 from hetero_tokenizer_hf.hf_folder import read_folder_tokenizer
 from hetero_tokenizer_hf.spec import TokenizerSpec
+from hetero_tokenizer_hf.token_bytes import token_bytes
 
 
 class HuggingFaceTokenizer:
@@ -28,6 +29,10 @@ class HuggingFaceTokenizer:
         self._special_token_ids = frozenset(
             token_id for token_id, token in spec.tokenizer.get_added_tokens_decoder().items() if token.special
         )
+        self._control_token_ids = self._special_token_ids | {
+            token_id for token_id in (spec.bos_token_id, spec.eos_token_id, spec.pad_token_id) if token_id is not None
+        }
+        self._token_bytes: list[bytes] | None = None
         special_tokens = {
             f"{name}_token": spec.tokenizer.id_to_token(token_id)
             for name, token_id in (
@@ -64,6 +69,16 @@ class HuggingFaceTokenizer:
     @property
     def pad_token_id(self) -> int | None:
         return self._pad_token_id
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        return self._control_token_ids
+
+    def token_bytes(self) -> list[bytes]:
+        """Read from the vocabulary on the first call (it walks every token), then kept."""
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes(self._tokenizer)
+        return self._token_bytes
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         try:
