@@ -2,7 +2,9 @@
 
 Subclass :class:`SchedulerPolicyContract` in a test module and override the
 ``policy`` fixture to return your policy; pytest then runs every check below
-against it::
+against it. The fixture is function-scoped, a fresh policy per check, since
+a policy may keep state between calls (a wider-scoped one would be a
+``classmethod`` under ``@pytest.fixture``, as pytest requires)::
 
     class TestMyPolicy(SchedulerPolicyContract):
         @pytest.fixture

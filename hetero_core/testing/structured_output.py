@@ -3,15 +3,19 @@
 Subclass :class:`StructuredOutputBackendContract` and override the
 ``tokenizer`` and ``backend`` fixtures; pytest then runs every check below.
 The checks walk each grammar with random tokens drawn from the allowed set,
-as a sampler would, and check the decoded text against the constraint::
+as a sampler would, and check the decoded text against the constraint. Both
+fixtures are class-scoped (or wider): each is a ``classmethod`` under
+``@pytest.fixture``, as pytest requires of class-scoped fixtures::
 
     class TestMyBackend(StructuredOutputBackendContract):
         @pytest.fixture(scope="class")
-        def tokenizer(self):
+        @classmethod
+        def tokenizer(cls):
             return SimpleTokenizer()
 
         @pytest.fixture(scope="class")
-        def backend(self, tokenizer):
+        @classmethod
+        def backend(cls, tokenizer):
             return MyBackend(tokenizer)
 """
 
@@ -91,15 +95,18 @@ class StructuredOutputBackendContract:
     """What every :class:`~hetero_core.structured_output.StructuredOutputBackend` must do."""
 
     @pytest.fixture(scope="class")
-    def tokenizer(self) -> Tokenizer:
+    @classmethod
+    def tokenizer(cls) -> Tokenizer:
         raise NotImplementedError("override the `tokenizer` fixture")
 
     @pytest.fixture(scope="class")
-    def backend(self, tokenizer: Tokenizer) -> StructuredOutputBackend:
+    @classmethod
+    def backend(cls, tokenizer: Tokenizer) -> StructuredOutputBackend:
         raise NotImplementedError("override the `backend` fixture")
 
     @pytest.fixture(scope="class")
-    def walker(self, tokenizer: Tokenizer) -> Walker:
+    @classmethod
+    def walker(cls, tokenizer: Tokenizer) -> Walker:
         return Walker(tokenizer)
 
     def matcher(self, backend: StructuredOutputBackend, constraint: StructuredOutput) -> GrammarMatcher:

@@ -1,11 +1,14 @@
 """Contract tests for tokenizers.
 
 Subclass :class:`TokenizerContract` and override the ``tokenizer`` fixture
-(any scope; loading once per class or module keeps the run fast)::
+(any scope; loading once per class keeps the run fast). A fixture wider
+than one test is a ``classmethod`` under ``@pytest.fixture``, as pytest
+requires of class-scoped fixtures::
 
     class TestMyTokenizer(TokenizerContract):
         @pytest.fixture(scope="class")
-        def tokenizer(self):
+        @classmethod
+        def tokenizer(cls):
             return MyTokenizer()
 
 The checks follow :class:`hetero_core.protocols.Tokenizer`: plain text
@@ -78,8 +81,9 @@ def stream(detokenizer: IncrementalDetokenizer, token_ids: list[int], chunk_size
 class TokenizerContract:
     """What every tokenizer must do (see :class:`hetero_core.protocols.Tokenizer`)."""
 
-    @pytest.fixture
-    def tokenizer(self) -> Tokenizer:
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tokenizer(cls) -> Tokenizer:
         raise NotImplementedError("override the 'tokenizer' fixture")
 
     def test_implements_the_protocol(self, tokenizer: Tokenizer) -> None:

@@ -14,21 +14,25 @@ from hetero_tokenizer_hf import load_tokenizer
 
 class TestOnTheEmbeddedTokenizer(StructuredOutputBackendContract):
     @pytest.fixture(scope="class")
-    def tokenizer(self):
+    @classmethod
+    def tokenizer(cls):
         return load_tokenizer(resolve_model_path(None))
 
     @pytest.fixture(scope="class")
-    def backend(self, tokenizer):
+    @classmethod
+    def backend(cls, tokenizer):
         return LLGuidanceBackend(tokenizer)
 
 
 class TestOnTheByteTokenizer(StructuredOutputBackendContract):
     @pytest.fixture(scope="class")
-    def tokenizer(self):
+    @classmethod
+    def tokenizer(cls):
         return SimpleTokenizer()
 
     @pytest.fixture(scope="class")
-    def backend(self, tokenizer):
+    @classmethod
+    def backend(cls, tokenizer):
         return LLGuidanceBackend(tokenizer)
 
 
