@@ -9,9 +9,9 @@ Each figure is the lower quartile of 40 timed calls (the machine is shared:
 the quartile is steadier than the mean). With ``--copies 30``, each call
 takes the next of 30 distinct copies of the weights, so that they come from
 memory as in a step of the 30-layer model rather than from cache (the head
-always has one copy: it alone is larger than the caches). This is what ``PACKED_MAX_ROWS``
-in ``hetero_executor_torch.quantized`` was chosen from, and what shows the
-blocked bf16 layout's gain over ``F.linear``.
+always has one copy: it alone is larger than the caches). Together with end-to-end runs, these
+figures set ``PACKED_MAX_ROWS`` in ``hetero_executor_torch.quantized`` and show the blocked bf16
+layout's gain over ``F.linear`` (``docs/design/2026-11-26-cpu-int4-linear-kernels.md``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ top token, and the worst position's KL.
 
 The answers run to 200 tokens (about 1,200 positions) by default: a change
 in the last bit of an intermediate flips the top token at a few near ties
-either way, which over the 424 positions of 48-token answers moved a path's
-agreement by half a point, as far as the gap it was compared with.
+either way, which over the 424 positions of 48-token answers moves a path's
+agreement by as much as half a point, the size of the gaps being compared
+(``docs/design/2026-11-26-quality-measurement.md``).
 
 An engine configuration is measured on each of its paths: ``batch-1``
 (prompt prefilled, then the answer decoded one token at a time: the packed

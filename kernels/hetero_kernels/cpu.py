@@ -26,11 +26,11 @@ them, and by the time a layer's attention runs, its weights have pushed the
 cache out of the CPU's caches. The hardware prefetcher cannot follow a
 block table, so the scores pass asks for each key row ``PREFETCH_AHEAD``
 positions before it reads it, and for each value row a pass before (about
-a quarter faster on a cold cache; figures in ``benchmarks/README.md``).
-The lines are asked into the L2 cache, not L1 (``prefetcht2``): a
-batch-32 decode from memory took a quarter to a third less time so on
-Zen 4 (likely because a request for L1 holds one of its few miss buffers
-until the line arrives, which caps the lines in flight).
+a quarter faster on a cold cache). The lines are asked into the L2 cache,
+not L1 (``prefetcht2``): a batch-32 decode from memory takes a quarter to a
+third less time so on Zen 4 (likely because a request for L1 holds one of
+its few miss buffers until the line arrives, which caps the lines in
+flight). Measurements: ``docs/design/2026-11-26-cpu-attention-kernels.md``.
 
 Items run in parallel (``prange``).
 

@@ -63,7 +63,7 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     if size % PAIR:
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
     packed = np.empty((rows, size // 2), np.uint8)
-    # Numba, not numpy's whole-array ops: those took a quarter of a second to load SmolLM2
+    # Numba, not numpy's whole-array ops, which are slower at load (docs/design/2026-11-26-cpu-int4-linear-kernels.md)
     _pack_nibbles(np.asarray(q, np.uint8), packed)
     return packed, _factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32), size // PAIR)
 
