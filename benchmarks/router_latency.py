@@ -3,7 +3,7 @@
     python benchmarks/router_latency.py                 # 300 single-token requests each way, 2 rounds
 
 Single-token requests, one at a time, through the same synchronous client
-(:class:`hetero_core.server.client.BackendClient`) over the mock executor (no
+(:class:`hetero_serve_openai.client.BackendClient`) over the mock executor (no
 model time): first on the ``local_engine`` backend, then on ``ray`` with two
 replicas on a local cluster started here (loopback only). The difference of
 the medians is the router's added latency per request. Also prints the round
@@ -25,8 +25,8 @@ import ray  # noqa: E402
 
 from hetero_core import EngineConfig, GenerationParams  # noqa: E402
 from hetero_core.logs import configure_logging  # noqa: E402
-from hetero_core.server.async_engine import AsyncEngine  # noqa: E402
-from hetero_core.server.client import BackendClient  # noqa: E402
+from hetero_serve_openai.async_engine import AsyncEngine  # noqa: E402
+from hetero_serve_openai.client import BackendClient  # noqa: E402
 from hetero_serve_ray import RayBackend  # noqa: E402
 from hetero_serve_ray.options import RayBackendOptions  # noqa: E402
 

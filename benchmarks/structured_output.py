@@ -25,7 +25,7 @@ import attrs
 
 from hetero_core.model_source import resolve_model_path
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
-from hetero_core.server.tools import FunctionDefinition, calls_grammar
+from hetero_serve_openai.tools import FunctionDefinition, calls_grammar
 from hetero_core.structured_output import StructuredOutput, new_bitmask
 from hetero_core.testing.structured_output import Walker
 from hetero_tokenizer_hf import load_tokenizer

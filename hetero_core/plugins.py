@@ -40,7 +40,7 @@ ENTRY_POINT_GROUP = "hetero_infer"
 DISABLE_ENV = "HETERO_DISABLE_PLUGINS"
 ALLOW_ENV = "HETERO_PLUGINS"
 BUILTIN_PLUGIN = "builtin"
-BUNDLED_PLUGINS = frozenset({"huggingface", "schedulers", "paged", "torch", "numba-cuda", "structured-llguidance"})
+BUNDLED_PLUGINS = frozenset({"huggingface", "schedulers", "paged", "torch", "numba-cuda", "structured-llguidance", "serve-openai"})
 
 
 class PluginManager(pluggy.PluginManager):

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(describe_plugins(pm), indent=2))
         return 0
     if args.command == "serve" or args.serve:
-        from hetero_core.server.run import serve
+        from hetero_serve_openai.run import serve
 
         if os.environ.get(API_KEY_ENV) == "" and not args.api_key and not config.server.api_key:
             log.warning("the API key variable is set but empty: the server requires no API key", variable=API_KEY_ENV)

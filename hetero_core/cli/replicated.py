@@ -18,9 +18,9 @@ from tqdm import tqdm
 from hetero_core.cli.generate import read_prompts
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
-from hetero_core.server.backend import backend_name, create_backend
-from hetero_core.server.client import BackendClient
-from hetero_core.server.generation import Choice
+from hetero_serve_openai.backend import backend_name, create_backend
+from hetero_serve_openai.client import BackendClient
+from hetero_serve_openai.generation import Choice
 
 
 def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path | None, params: GenerationParams) -> None:

@@ -1,6 +1,5 @@
-"""The OpenAI-compatible HTTP server."""
+"""hetero-infer's OpenAI-compatible HTTP server: the ``serve`` command and the ``local_engine`` and ``command_bridge`` backends.
 
-from hetero_core.server.app import create_app
-from hetero_core.server.run import serve
-
-__all__ = ["create_app", "serve"]
+The web stack loads only when a server (or a backend) is built: ``hetero-infer``
+loads this plugin for every engine it builds.
+"""

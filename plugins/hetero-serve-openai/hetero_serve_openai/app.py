@@ -17,17 +17,17 @@ from fastapi import FastAPI
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.model_source import resolve_model_path
-from hetero_core.server.auth import APIKeyCheck, api_key
-from hetero_core.server.backend import ServingBackend, backend_name, create_backend
-from hetero_core.server.capabilities import capabilities_of
-from hetero_core.server.completions import add_generation_routes
-from hetero_core.server.connections import log_resource_exhaustion_once
-from hetero_core.server.errors import install_error_handlers
-from hetero_core.server.limits import BodyLimits
-from hetero_core.server.metrics import ServerMetrics
-from hetero_core.server.responses import add_responses_routes
-from hetero_core.server.routes import add_routes
-from hetero_core.server.service import Service
+from hetero_serve_openai.auth import APIKeyCheck, api_key
+from hetero_serve_openai.backend import ServingBackend, backend_name, create_backend
+from hetero_serve_openai.capabilities import capabilities_of
+from hetero_serve_openai.completions import add_generation_routes
+from hetero_serve_openai.connections import log_resource_exhaustion_once
+from hetero_serve_openai.errors import install_error_handlers
+from hetero_serve_openai.limits import BodyLimits
+from hetero_serve_openai.metrics import ServerMetrics
+from hetero_serve_openai.responses import add_responses_routes
+from hetero_serve_openai.routes import add_routes
+from hetero_serve_openai.service import Service
 
 
 def served_model_name(config: EngineConfig) -> str:

@@ -31,9 +31,9 @@ from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
-from hetero_core.server.backend import SINGLE_ENGINE
-from hetero_core.server.capabilities import CAPABILITIES
-from hetero_core.server.errors import APIError
+from hetero_serve_openai.backend import SINGLE_ENGINE
+from hetero_serve_openai.capabilities import CAPABILITIES
+from hetero_serve_openai.errors import APIError
 
 log = structlog.get_logger()
 
@@ -50,7 +50,7 @@ class _InFlight:
 
 
 class AsyncEngine:
-    """The ``local_engine`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
+    """The ``local_engine`` serving backend (a :class:`~hetero_serve_openai.backend.ServingBackend`)."""
 
     error_status = 500  # a generation that fails is the server's fault
     capabilities = CAPABILITIES  # the engine honours every parameter

@@ -16,7 +16,7 @@ from typing import Any
 
 from hetero_core.config import ServerConfig
 from hetero_core.errors import ConfigError
-from hetero_core.server.errors import error_body
+from hetero_serve_openai.errors import error_body
 
 API_KEY_ENV = "HETERO_API_KEY"  # the API key when the config names none
 ALWAYS_OPEN = frozenset({"/healthz", "/readyz"})

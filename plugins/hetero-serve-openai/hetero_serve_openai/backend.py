@@ -1,4 +1,4 @@
-"""The serving backend: what the HTTP front end (and :class:`~hetero_core.server.client.BackendClient`) talks to.
+"""The serving backend: what the HTTP front end (and :class:`~hetero_serve_openai.client.BackendClient`) talks to.
 
 A backend is registered by name through the ``register_serving_backends``
 hook and chosen by ``config.server.backend``; with ``data_parallel_size``
@@ -34,7 +34,7 @@ class ServingBackend(Protocol):
 
     A backend may declare ``capabilities``: a frozenset of the
     :class:`~hetero_core.params.GenerationParams` field names it honours
-    (:data:`~hetero_core.server.capabilities.CAPABILITIES` for all of them). The
+    (:data:`~hetero_serve_openai.capabilities.CAPABILITIES` for all of them). The
     server refuses, with a 400 naming the request field, a request that sets
     any other field; ``max_tokens``, ``temperature`` and ``top_p`` are honoured
     by every backend, and are all a backend without the attribute is sent.

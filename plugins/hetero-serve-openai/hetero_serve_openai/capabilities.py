@@ -18,7 +18,7 @@ import attrs
 
 from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
-from hetero_core.server.errors import APIError
+from hetero_serve_openai.errors import APIError
 
 _FIELDS = tuple(field.name for field in attrs.fields(GenerationParams))
 CAPABILITIES = frozenset(_FIELDS)  # every name a backend can declare

@@ -29,7 +29,7 @@ from hetero_core.config import ServerConfig
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
-from hetero_core.server.errors import APIError
+from hetero_serve_openai.errors import APIError
 
 log = structlog.get_logger()
 
@@ -39,7 +39,7 @@ STDERR_TAIL = 2000  # bytes of the program's stderr kept for the log
 
 
 class CommandBridge:
-    """The ``command_bridge`` serving backend (a :class:`~hetero_core.server.backend.ServingBackend`)."""
+    """The ``command_bridge`` serving backend (a :class:`~hetero_serve_openai.backend.ServingBackend`)."""
 
     error_status = 502  # the program failed, not the server
     capabilities = frozenset({"n"})  # and the baseline (max_tokens, temperature, top_p): the rest is refused, not dropped

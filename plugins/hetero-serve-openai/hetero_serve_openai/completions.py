@@ -18,12 +18,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from hetero_core.errors import ValidationError
-from hetero_core.server.errors import APIError, error_body, internal_error_body
-from hetero_core.server.generation import Choice, Generation, Prepare
-from hetero_core.server.inputs import chat_inputs, completion_inputs
-from hetero_core.server.openai_format import SSE_DONE, ChatFormat, CompletionFormat, envelope, sse
-from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
-from hetero_core.server.service import Service
+from hetero_serve_openai.errors import APIError, error_body, internal_error_body
+from hetero_serve_openai.generation import Choice, Generation, Prepare
+from hetero_serve_openai.inputs import chat_inputs, completion_inputs
+from hetero_serve_openai.openai_format import SSE_DONE, ChatFormat, CompletionFormat, envelope, sse
+from hetero_serve_openai.schemas import ChatCompletionRequest, CompletionRequest
+from hetero_serve_openai.service import Service
 
 DISCONNECT_POLL = 0.1  # seconds between checks that a non-streaming client is still there
 

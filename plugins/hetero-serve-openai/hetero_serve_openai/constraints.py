@@ -5,7 +5,7 @@ A request names at most one constraint, through exactly one of:
 - ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}``,
   or ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``
   (with ``strict: true`` objects hold only the keys they list: see
-  :mod:`hetero_core.server.strict`);
+  :mod:`hetero_serve_openai.strict`);
 - ``structured_outputs`` (vLLM): one of ``json`` (a schema), ``json_object``,
   ``regex``, ``choice``, ``grammar``;
 - vLLM's older fields ``guided_json``, ``guided_regex``, ``guided_choice``,
@@ -20,9 +20,9 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hetero_core.server.errors import APIError
-from hetero_core.server.fields import STRICT
-from hetero_core.server.strict import strict_schema
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.fields import STRICT
+from hetero_serve_openai.strict import strict_schema
 from hetero_core.structured_output import StructuredOutput
 
 STRICT_BY_NAME = ConfigDict(**STRICT, populate_by_name=True)

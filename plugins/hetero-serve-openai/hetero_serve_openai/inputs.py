@@ -1,6 +1,6 @@
 """From a request body to what the backend is given: the prompts and the engine's parameters.
 
-These run on a worker thread (see :class:`~hetero_core.server.generation.Generation`):
+These run on a worker thread (see :class:`~hetero_serve_openai.generation.Generation`):
 tokenizing a long prompt or rendering a chat template never blocks the
 event loop, and a chat prompt is encoded once, both to size the default
 ``max_tokens`` and to submit.
@@ -14,13 +14,13 @@ import attrs
 
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
-from hetero_core.server.backend import ServingBackend, backend_name
-from hetero_core.server.capabilities import capabilities_of, check_capabilities
-from hetero_core.server.errors import APIError
-from hetero_core.server.generation import Input, Prepare
-from hetero_core.server.response_size import TEXT_BYTES_PER_TOKEN, chat_size, completion_size
+from hetero_serve_openai.backend import ServingBackend, backend_name
+from hetero_serve_openai.capabilities import capabilities_of, check_capabilities
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.generation import Input, Prepare
+from hetero_serve_openai.response_size import TEXT_BYTES_PER_TOKEN, chat_size, completion_size
 from hetero_core.protocols import Tokenizer
-from hetero_core.server.schemas import ChatCompletionRequest, ChatRendering, CompletionRequest
+from hetero_serve_openai.schemas import ChatCompletionRequest, ChatRendering, CompletionRequest
 from hetero_core.tool_prompt import inline_tools
 
 CHAT_DEFAULT_MAX_TOKENS = 1024  # when the body names no limit: this, or what the context has left

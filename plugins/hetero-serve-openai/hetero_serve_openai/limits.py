@@ -14,7 +14,7 @@ import asyncio
 import json
 from typing import Any
 
-from hetero_core.server.errors import error_body
+from hetero_serve_openai.errors import error_body
 
 
 class BodyLimits:

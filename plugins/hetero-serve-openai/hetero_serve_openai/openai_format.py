@@ -26,9 +26,9 @@ from typing import Any
 from hetero_core.batch import TokenLogprobs
 from hetero_core.outputs import StreamDelta
 from hetero_core.sequence import FinishReason
-from hetero_core.server.generation import Choice, Generation
-from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
-from hetero_core.server.tool_parser import CallDelta, Piece, ToolCallParser, parse_tool_calls
+from hetero_serve_openai.generation import Choice, Generation
+from hetero_serve_openai.schemas import ChatCompletionRequest, CompletionRequest
+from hetero_serve_openai.tool_parser import CallDelta, Piece, ToolCallParser, parse_tool_calls
 
 IMPOSSIBLE_LOGPROB = -9999.0
 

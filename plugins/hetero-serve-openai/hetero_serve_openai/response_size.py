@@ -21,7 +21,7 @@ from typing import Sequence
 
 import attrs
 
-from hetero_core.server.errors import APIError
+from hetero_serve_openai.errors import APIError
 
 TEXT_BYTES_PER_TOKEN = 8
 ENTRY_BYTES = 40

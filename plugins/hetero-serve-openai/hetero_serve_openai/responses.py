@@ -1,7 +1,7 @@
 """``POST /v1/responses``: OpenAI's Responses API, on the chat route's generation path.
 
 The body becomes a chat completion (:meth:`ResponsesRequest.to_chat`), whose
-inputs are prepared by :func:`~hetero_core.server.inputs.chat_inputs` and
+inputs are prepared by :func:`~hetero_serve_openai.inputs.chat_inputs` and
 generated as one :class:`Generation`; errors that name a chat field are
 renamed for this endpoint (``max_completion_tokens`` is ``max_output_tokens``).
 The text becomes output items (:mod:`.responses_output`). Streamed, the
@@ -26,13 +26,13 @@ from fastapi import FastAPI, Request
 
 from hetero_core.errors import EngineError
 from hetero_core.sequence import FinishReason
-from hetero_core.server.completions import event_stream, naming_the_constraint, raise_if_failed, wait_for_choices
-from hetero_core.server.errors import APIError, internal_error_body
-from hetero_core.server.generation import Choice, Generation
-from hetero_core.server.inputs import chat_inputs
-from hetero_core.server.responses_output import OutputItems, item_id
-from hetero_core.server.responses_request import CHAT_TO_RESPONSES, ResponsesRequest
-from hetero_core.server.service import Service
+from hetero_serve_openai.completions import event_stream, naming_the_constraint, raise_if_failed, wait_for_choices
+from hetero_serve_openai.errors import APIError, internal_error_body
+from hetero_serve_openai.generation import Choice, Generation
+from hetero_serve_openai.inputs import chat_inputs
+from hetero_serve_openai.responses_output import OutputItems, item_id
+from hetero_serve_openai.responses_request import CHAT_TO_RESPONSES, ResponsesRequest
+from hetero_serve_openai.service import Service
 
 
 def add_responses_routes(app: FastAPI, service: Service) -> None:

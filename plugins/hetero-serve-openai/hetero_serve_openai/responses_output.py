@@ -1,7 +1,7 @@
 """A response's output items, and the stream events that build them, from the generated text.
 
 :class:`OutputItems` reads the text as it arrives (through the chat route's
-:class:`~hetero_core.server.tool_parser.ToolCallParser` when tools are in
+:class:`~hetero_serve_openai.tool_parser.ToolCallParser` when tools are in
 use): text becomes a ``message`` item with one ``output_text`` part,
 each call a ``function_call`` item. Each step returns the events OpenAI
 streams for it (without ``sequence_number``, which the stream adds):
@@ -24,8 +24,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from hetero_core.server.tool_parser import CallDelta, ToolCallParser
-from hetero_core.server.tools import ToolPlan
+from hetero_serve_openai.tool_parser import CallDelta, ToolCallParser
+from hetero_serve_openai.tools import ToolPlan
 
 
 def item_id(prefix: str) -> str:

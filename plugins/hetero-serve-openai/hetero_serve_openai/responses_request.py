@@ -1,7 +1,7 @@
 """``POST /v1/responses`` request bodies, and the chat completion each one is.
 
 A Responses request runs on the chat route's machinery: :meth:`ResponsesRequest.to_chat`
-turns it into a :class:`~hetero_core.server.schemas.ChatCompletionRequest`
+turns it into a :class:`~hetero_serve_openai.schemas.ChatCompletionRequest`
 (``instructions`` as the first system message, input items as messages,
 ``function_call`` items as assistant ``tool_calls``, ``function_call_output``
 items as ``tool`` messages, ``text.format`` as ``response_format``,
@@ -21,10 +21,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
 
-from hetero_core.server.errors import APIError
-from hetero_core.server.fields import STRICT, Text
-from hetero_core.server.schemas import ChatCompletionRequest, SamplingOptions
-from hetero_core.server.tools import FunctionDefinition
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.fields import STRICT, Text
+from hetero_serve_openai.schemas import ChatCompletionRequest, SamplingOptions
+from hetero_serve_openai.tools import FunctionDefinition
 
 CHAT_TO_RESPONSES = {  # a chat field named in an error, and the Responses field it came from
     "messages": "input",

@@ -14,10 +14,10 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hetero_core.server.errors import APIError
-from hetero_core.server.inputs import render_chat
-from hetero_core.server.schemas import DetokenizeRequest, TokenizeRequest
-from hetero_core.server.service import Service
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.inputs import render_chat
+from hetero_serve_openai.schemas import DetokenizeRequest, TokenizeRequest
+from hetero_serve_openai.service import Service
 
 
 def add_routes(app: FastAPI, service: Service) -> None:

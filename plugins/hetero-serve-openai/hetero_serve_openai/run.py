@@ -23,11 +23,11 @@ from fastapi import FastAPI
 
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
-from hetero_core.server.app import create_app
-from hetero_core.server.auth import api_key
-from hetero_core.server.backend import backend_name
-from hetero_core.server.connections import bounded_protocol, fit_to_file_limit
-from hetero_core.server.errors import APIError
+from hetero_serve_openai.app import create_app
+from hetero_serve_openai.auth import api_key
+from hetero_serve_openai.backend import backend_name
+from hetero_serve_openai.connections import bounded_protocol, fit_to_file_limit
+from hetero_serve_openai.errors import APIError
 
 log = structlog.get_logger()
 

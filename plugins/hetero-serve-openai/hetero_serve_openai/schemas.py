@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationInfo, WrapValidator, field_validator, model_validator
 
 from hetero_core.params import GenerationParams
-from hetero_core.server.constraints import ConstraintFields
-from hetero_core.server.errors import APIError
-from hetero_core.server.fields import STRICT, JSONObject, Text
-from hetero_core.server.tools import Tool, ToolFields, ToolPlan
+from hetero_serve_openai.constraints import ConstraintFields
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.fields import STRICT, JSONObject, Text
+from hetero_serve_openai.tools import Tool, ToolFields, ToolPlan
 
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the server
 ROLES = ("system", "developer", "user", "assistant", "tool")  # developer is OpenAI's newer name for system

@@ -7,10 +7,10 @@ import time
 import attrs
 
 from hetero_core.config import EngineConfig
-from hetero_core.server.backend import ServingBackend
-from hetero_core.server.errors import APIError
-from hetero_core.server.generation import Generation
-from hetero_core.server.metrics import ServerMetrics
+from hetero_serve_openai.backend import ServingBackend
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.generation import Generation
+from hetero_serve_openai.metrics import ServerMetrics
 
 
 @attrs.define

@@ -5,7 +5,7 @@ with tools, ``none`` without):
 
 - ``none``: the tools are not shown to the model and its text is returned as is;
 - ``auto``: the model is shown the tools and may call them; ``<tool_call>``
-  blocks in its text become ``tool_calls`` (see :mod:`hetero_core.server.tool_parser`).
+  blocks in its text become ``tool_calls`` (see :mod:`hetero_serve_openai.tool_parser`).
   When a function is ``strict``, the text is free but each call the model
   opens is constrained like a forced one (:func:`auto_calls_grammar`);
 - ``required``: the output is constrained to one or more calls (exactly one
@@ -18,7 +18,7 @@ Forced calls are generated in the default ``<tool_call>`` convention of
 :mod:`hetero_core.tool_prompt`, constrained by a Lark grammar that embeds each
 function's schema, so any model's output parses into valid calls holding the
 declared parameters; a function with ``strict: true`` has every object of its
-schema closed to the keys it lists (:mod:`hetero_core.server.strict`).
+schema closed to the keys it lists (:mod:`hetero_serve_openai.strict`).
 OpenAI's deprecated ``functions`` and ``function_call`` are refused with a
 400 that points to ``tools`` and ``tool_choice``.
 """
@@ -32,9 +32,9 @@ from typing import Any, Literal
 import attrs
 from pydantic import BaseModel, Field, field_validator
 
-from hetero_core.server.errors import APIError
-from hetero_core.server.fields import STRICT, JSONObject, Text
-from hetero_core.server.strict import strict_schema
+from hetero_serve_openai.errors import APIError
+from hetero_serve_openai.fields import STRICT, JSONObject, Text
+from hetero_serve_openai.strict import strict_schema
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
@@ -162,7 +162,7 @@ def _call_rules(functions: list[FunctionDefinition]) -> list[str]:
 
     The arguments' top-level object holds only the declared parameters unless
     its schema says ``additionalProperties``; a ``strict`` function has every
-    object of its schema closed (:func:`~hetero_core.server.strict.strict_schema`).
+    object of its schema closed (:func:`~hetero_serve_openai.strict.strict_schema`).
     """
     rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
     for number, function in enumerate(functions):

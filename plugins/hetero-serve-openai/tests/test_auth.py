@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from hetero_core.errors import ConfigError
-from hetero_core.server.app import create_app
+from hetero_serve_openai.app import create_app
 
 from .conftest import RunningServer, mock_server_config
 

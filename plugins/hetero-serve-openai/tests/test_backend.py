@@ -12,14 +12,14 @@ from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.metrics import EngineMetrics
 from hetero_core.plugins import create_plugin_manager
-from hetero_core.server.app import create_app
-from hetero_core.server.async_engine import AsyncEngine
-from hetero_core.server.backend import ServingBackend, backend_name, create_backend
-from hetero_core.server.capabilities import BASELINE, CAPABILITIES
-from hetero_core.server.command_bridge import CommandBridge
-from hetero_core.server.metrics import ServerMetrics
+from hetero_serve_openai.app import create_app
+from hetero_serve_openai.async_engine import AsyncEngine
+from hetero_serve_openai.backend import ServingBackend, backend_name, create_backend
+from hetero_serve_openai.capabilities import BASELINE, CAPABILITIES
+from hetero_serve_openai.command_bridge import CommandBridge
+from hetero_serve_openai.metrics import ServerMetrics
 
-from .conftest import RunningServer
+from .conftest import SERVER_PLUGIN, RunningServer
 
 
 class ReplicatedPlugin:
@@ -31,7 +31,7 @@ class ReplicatedPlugin:
 
 
 def manager(*plugins: object):
-    pm = create_plugin_manager(entry_points=False)
+    pm = create_plugin_manager(entry_points=False, load=[SERVER_PLUGIN])
     for number, plugin in enumerate(plugins):
         pm.register(plugin, name=f"inline-{number}")
     return pm

@@ -13,8 +13,8 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.errors import ConfigError, EngineError, ValidationError
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
-from hetero_core.server.async_engine import AsyncEngine
-from hetero_core.server.client import BackendClient
+from hetero_serve_openai.async_engine import AsyncEngine
+from hetero_serve_openai.client import BackendClient
 
 from .conftest import mock_server_config
 

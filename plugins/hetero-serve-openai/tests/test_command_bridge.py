@@ -15,7 +15,7 @@ import pytest
 
 from .conftest import RunningServer, mock_server_config
 
-BRIDGE = Path(__file__).resolve().parents[2] / "contrib" / "command-bridge" / "echo_bridge.py"
+BRIDGE = Path(__file__).resolve().parents[3] / "contrib" / "command-bridge" / "echo_bridge.py"
 
 
 def test_command_bridge() -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 import structlog
 
-from hetero_core.server import connections
+from hetero_serve_openai import connections
 
 from .conftest import RunningServer, mock_server_config
 

@@ -17,9 +17,9 @@ from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
 from hetero_core.hookspecs import hookimpl
 from hetero_core.plugins import create_plugin_manager
-from hetero_core.server.app import create_app
+from hetero_serve_openai.app import create_app
 
-from .conftest import RunningServer, mock_server_config
+from .conftest import SERVER_PLUGIN, RunningServer, mock_server_config
 
 POISON = [7, 7, 7, 7]  # a prompt the failing executor refuses
 
@@ -97,7 +97,7 @@ def test_an_engine_that_fails_to_build_stops_the_server() -> None:
 
 def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)  # the reference components
+        pm = create_plugin_manager(entry_points=False, load=[SERVER_PLUGIN, *config.plugins.load])  # the reference components
         pm.register(FailingExecutorPlugin())
         return InferenceEngine(config, plugin_manager=pm)
 
@@ -175,7 +175,7 @@ def test_a_response_that_fails_mid_stream_ends_with_an_error_and_response_failed
             register("late-failing", LateFailingExecutor)
 
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)
+        pm = create_plugin_manager(entry_points=False, load=[SERVER_PLUGIN, *config.plugins.load])
         pm.register(Plugin())
         return InferenceEngine(config, plugin_manager=pm)
 

@@ -10,7 +10,7 @@ import openai
 import pydantic
 import pytest
 
-from hetero_core.server.schemas import ChatCompletionRequest, CompletionRequest
+from hetero_serve_openai.schemas import ChatCompletionRequest, CompletionRequest
 from hetero_core.tool_prompt import inline_tools
 
 pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins

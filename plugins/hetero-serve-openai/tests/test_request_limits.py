@@ -19,7 +19,7 @@ from hetero_core.engine import InferenceEngine
 from hetero_core.hookspecs import hookimpl
 from hetero_core.plugins import create_plugin_manager
 
-from .conftest import RunningServer, mock_server_config
+from .conftest import SERVER_PLUGIN, RunningServer, mock_server_config
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -116,7 +116,7 @@ class GatedTokenizerPlugin:
 
 def test_tokenizing_a_large_prompt_does_not_block_the_event_loop() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)
+        pm = create_plugin_manager(entry_points=False, load=[SERVER_PLUGIN, *config.plugins.load])
         pm.register(GatedTokenizerPlugin())
         return InferenceEngine(config, plugin_manager=pm)
 
@@ -158,7 +158,7 @@ class NonFinitePlugin:
 
 def test_no_non_finite_number_reaches_a_response() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False, load=config.plugins.load)
+        pm = create_plugin_manager(entry_points=False, load=[SERVER_PLUGIN, *config.plugins.load])
         pm.register(NonFinitePlugin())
         return InferenceEngine(config, plugin_manager=pm)
 

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from hetero_core.server.response_size import chat_size, completion_size
+from hetero_serve_openai.response_size import chat_size, completion_size
 
 from .conftest import RunningServer, mock_server_config
 

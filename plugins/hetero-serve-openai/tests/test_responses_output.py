@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hetero_core.server.responses_output import OutputItems, text_part
-from hetero_core.server.tools import NO_TOOLS, ToolPlan
+from hetero_serve_openai.responses_output import OutputItems, text_part
+from hetero_serve_openai.tools import NO_TOOLS, ToolPlan
 
 AUTO = ToolPlan((), frozenset({"f"}), None, True)
 CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SERVE_BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "serve.py"
+SERVE_BENCHMARK = Path(__file__).resolve().parents[3] / "benchmarks" / "serve.py"
 
 
 def test_serve_benchmark_reports_throughput_and_latencies(mock_server) -> None:

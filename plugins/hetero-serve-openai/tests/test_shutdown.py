@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.integration  # the installed plugins, in a real process
 
 HETERO_INFER = str(Path(sys.executable).parent / "hetero-infer")
 

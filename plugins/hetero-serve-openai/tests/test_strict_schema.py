@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from hetero_core.server.constraints import ResponseFormat
-from hetero_core.server.strict import strict_schema
-from hetero_core.server.tools import FunctionDefinition, ToolFields, auto_calls_grammar, calls_grammar
+from hetero_serve_openai.constraints import ResponseFormat
+from hetero_serve_openai.strict import strict_schema
+from hetero_serve_openai.tools import FunctionDefinition, ToolFields, auto_calls_grammar, calls_grammar
 
 OPEN_POINT = {"type": "object", "properties": {"x": {"type": "integer"}}}
 CLOSED_POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False}

@@ -7,8 +7,8 @@ import json
 from hypothesis import given, strategies as st
 
 from hetero_core.builtin.simple_tokenizer import SimpleTokenizer
-from hetero_core.server.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
-from hetero_core.server.tools import FunctionDefinition, auto_calls_grammar, calls_grammar
+from hetero_serve_openai.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
+from hetero_serve_openai.tools import FunctionDefinition, auto_calls_grammar, calls_grammar
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_OPEN, tool_call_block
 from hetero_structured_llguidance import LLGuidanceBackend

@@ -35,9 +35,9 @@ from hetero_core.params import GenerationParams
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
-from hetero_core.server.backend import DeltaQueue
-from hetero_core.server.capabilities import CAPABILITIES
-from hetero_core.server.errors import APIError
+from hetero_serve_openai.backend import DeltaQueue
+from hetero_serve_openai.capabilities import CAPABILITIES
+from hetero_serve_openai.errors import APIError
 from hetero_serve_ray.cluster import restore_signal_handlers
 from hetero_serve_ray.fleet import REPLICA_LOST, Fleet, Replica, cause
 from hetero_serve_ray.options import RayBackendOptions
@@ -74,7 +74,7 @@ class Flight:
 
 
 class RayBackend:
-    """Data-parallel replicas on Ray (a :class:`~hetero_core.server.backend.ServingBackend`).
+    """Data-parallel replicas on Ray (a :class:`~hetero_serve_openai.backend.ServingBackend`).
 
     :param options: routing, resources, restarts and health checks (see
         :class:`~hetero_serve_ray.options.RayBackendOptions`; the defaults when None).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hetero_core.config import EngineConfig
-from hetero_core.server.client import BackendClient
+from hetero_serve_openai.client import BackendClient
 from hetero_serve_ray.backend import RayBackend
 from hetero_serve_ray.options import RayBackendOptions
 

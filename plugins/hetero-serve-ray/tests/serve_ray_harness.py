@@ -14,8 +14,8 @@ import uvicorn
 from hetero_core.config import EngineConfig
 from hetero_core.metrics import EngineMetrics
 from hetero_core.sequence import FinishReason
-from hetero_core.server.app import create_app
-from hetero_core.server.backend import create_backend
+from hetero_serve_openai.app import create_app
+from hetero_serve_openai.backend import create_backend
 
 OBJECT_STORE_BYTES = 128 * 2**20
 NOT_NEEDED_BY_MOCK_REPLICAS = ["torch", "numba-cuda"]  # keeps torch out of the mock replicas' processes

@@ -109,7 +109,7 @@ def test_idle_replicas_take_turns() -> None:
 
 
 def test_backend_options_are_typed_and_refused_by_name_before_ray_starts() -> None:
-    from hetero_core.server.backend import create_backend
+    from hetero_serve_openai.backend import create_backend
 
     def build(options: dict) -> None:
         create_backend(EngineConfig.from_mapping({"data_parallel_size": 2, "server": {"backend_options": options}}))

@@ -11,7 +11,7 @@ import pytest
 
 from hetero_core.errors import ValidationError
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
-from hetero_core.server.tools import FunctionDefinition, calls_grammar
+from hetero_serve_openai.tools import FunctionDefinition, calls_grammar
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.testing.structured_output import Walker
 from hetero_structured_llguidance import plugin

@@ -139,10 +139,10 @@ def test_plugins_follows_the_config_file(tmp_path) -> None:
 
 
 def test_an_empty_api_key_variable_warns(monkeypatch, capsys) -> None:
-    import hetero_core.server.run
+    import hetero_serve_openai.run
 
     monkeypatch.setenv("HETERO_API_KEY", "")
-    monkeypatch.setattr(hetero_core.server.run, "serve", lambda config: None)
+    monkeypatch.setattr(hetero_serve_openai.run, "serve", lambda config: None)
     assert main(["serve", *MOCK]) == 0
     assert "the API key variable is set but empty" in capsys.readouterr().err
 
