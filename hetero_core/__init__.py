@@ -1,7 +1,7 @@
 """hetero-infer's microkernel: contracts, hooks, plugin manager, engine, config."""
 
-from hetero_core.batch import BlockCopy, ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
-from hetero_core.config import ComponentSpec, EngineConfig, PluginsConfig, ServerConfig
+from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
+from hetero_core.config import ComponentSpec, EngineConfig, PluginsConfig
 from hetero_core.errors import (
     CacheMemoryError,
     ConfigError,
@@ -21,7 +21,6 @@ from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
 from hetero_core.engine import InferenceEngine  # last: it builds on everything above
 
 __all__ = [
-    "BlockCopy",
     "CacheAllocator",
     "CacheMemoryError",
     "CompletedRequest",
@@ -49,7 +48,6 @@ __all__ = [
     "SchedulerPolicy",
     "Sequence",
     "SequenceOutput",
-    "ServerConfig",
     "StepStats",
     "StreamDelta",
     "TokenLogprobs",

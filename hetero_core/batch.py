@@ -15,14 +15,6 @@ from hetero_core.params import GenerationParams
 
 
 @attrs.define
-class BlockCopy:
-    """Copy the whole KV contents of physical block ``src`` into block ``dst`` (copy-on-write)."""
-
-    src: int
-    dst: int
-
-
-@attrs.define
 class ScheduledSequence:
     """One sequence's share of a step.
 
@@ -72,15 +64,10 @@ class ScheduledSequence:
 
 @attrs.define
 class ExecutionBatch:
-    """Everything the executor needs for one forward pass over a mixed prefill/decode batch.
-
-    ``block_copies`` must be performed before the forward pass: they are the
-    copy-on-write copies the allocator decided on when it handed out slots.
-    """
+    """Everything the executor needs for one forward pass over a mixed prefill/decode batch."""
 
     sequences: list[ScheduledSequence]
     block_size: int
-    block_copies: list[BlockCopy] = attrs.field(factory=list)
 
 
 @attrs.define

@@ -48,7 +48,7 @@ class BatchBuilder:
             if failed:
                 problems.update(failed)
                 sequences = [s for s in sequences if s.seq_id not in failed]
-        return ExecutionBatch(sequences, block_size=self.block_size, block_copies=plan.block_copies), problems
+        return ExecutionBatch(sequences, block_size=self.block_size), problems
 
 
 def scheduled_sequence(work: ScheduledWork) -> ScheduledSequence:

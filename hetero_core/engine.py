@@ -261,7 +261,7 @@ class InferenceEngine:
     def _take_inbox(self, finished: list[Request]) -> None:
         new, aborted = self.inbox.take()
         for request in new:
-            seq = request.start(self.scheduler.new_seq_id())
+            seq = request.start(self.scheduler.new_seq_id)
             self.scheduler.add(seq)
             self.metrics.requests_submitted += 1
             self.metrics.prompt_tokens += seq.num_prompt_tokens
@@ -288,8 +288,8 @@ class InferenceEngine:
             seq.advance(work.num_new_tokens)
             if work.do_sample:
                 self._take_sample(seq, output, finished)
-            elif seq.pending_forks and seq.num_computed_tokens == seq.num_tokens - 1:
-                self.scheduler.fork(seq)
+            elif seq.request.held_samples:
+                self.scheduler.place_siblings(seq)
 
     def _take_sample(self, seq: Sequence, output: ExecutionOutput, finished: list[Request]) -> None:
         """``seq`` is computed to its last token: append the token sampled after it, check stops, stream."""
@@ -341,7 +341,7 @@ class InferenceEngine:
 
     def _end_request(self, request: Request, reason: FinishReason, finished: list[Request]) -> None:
         """Finish every unfinished sample of ``request`` with ``reason`` (abort or error); each gets its final delta."""
-        for seq in request.end(reason, self.scheduler.new_seq_id):
+        for seq in request.end(reason):
             self.scheduler.remove(seq)
             self._emit(seq, 0, 0)
         finished.append(request)

@@ -4,11 +4,10 @@ The executor may report a sequence it cannot handle in
 ``ExecutionOutput.errors``; what it returns is checked at the boundary
 (:mod:`hetero_core.boundary`). When ``execute`` raises instead, the batch is
 retried ``max_retry_attempts`` times (a transient fault); if it still fails
-and holds more than one sequence, each sequence runs alone, once, with the
-block copies that target its own blocks, so only the sequences that fail
-on their own fail. This costs extra passes only after a failure. Reasons
-given to requests name the executor's plugin and an error id; the
-exception's text goes to the log only.
+and holds more than one sequence, each sequence runs alone, once, so only
+the sequences that fail on their own fail. This costs extra passes only
+after a failure. Reasons given to requests name the executor's plugin and
+an error id; the exception's text goes to the log only.
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ class BatchRunner:
     def _each_alone(self, batch: ExecutionBatch, error_id: str) -> tuple[ExecutionOutput, dict[int, str]]:
         merged, problems = ExecutionOutput({}), {}
         for seq in batch.sequences:
-            copies = [c for c in batch.block_copies if c.dst in seq.block_table]
-            alone = ExecutionBatch([seq], batch.block_size, copies)
+            alone = ExecutionBatch([seq], batch.block_size)
             try:
                 output = self.executor.execute(alone)
                 problems.update(check_execution_output(output, alone, self.vocab_size, self.plugin))

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Protocol, Sequence as SequenceOf, runtime_check
 
 import attrs
 
-from hetero_core.batch import BlockCopy, ExecutionBatch, ExecutionOutput
+from hetero_core.batch import ExecutionBatch, ExecutionOutput
 from hetero_core.memory import MemoryStats
 from hetero_core.sequence_view import SequenceView
 
@@ -183,9 +183,8 @@ class CacheAllocator(Protocol):
     The pool has ``num_blocks`` physical blocks of ``block_size`` token slots.
     Each live sequence has a block table: physical block ids in logical
     order, block ``i`` holding positions ``[i * block_size, (i + 1) * block_size)``.
-    A block may be shared by several sequences (after :meth:`fork`, or
-    through the prefix cache); it is then never written in place: the
-    allocator copies it first and returns the copy for the executor to perform.
+    A block may be in several tables (a prefix-cache hit, or sibling samples
+    of one request): such a block is full and computed, so nothing writes it.
 
     Calls come in check/act pairs: the scheduler asks :meth:`can_append`
     before :meth:`append_slots`, which then must succeed.
@@ -197,7 +196,7 @@ class CacheAllocator(Protocol):
     @property
     def num_blocks(self) -> int: ...
 
-    def allocate(self, seq_id: int, token_ids: SequenceOf[int]) -> int:
+    def allocate(self, seq_id: int, token_ids: SequenceOf[int], sibling_of: int | None = None) -> int:
         """Start a block table for a new sequence whose known tokens are ``token_ids``.
 
         With prefix caching, the table starts with the cached blocks of the
@@ -205,6 +204,12 @@ class CacheAllocator(Protocol):
         match exactly; the return value is how many tokens that covers (a
         multiple of ``block_size``, always less than ``len(token_ids)`` so the
         last token is computed again and yields logits). Without a hit it is 0.
+
+        ``sibling_of`` names a live sequence with the same prompt (another
+        sample of the request) whose blocks before the one holding the last
+        token of ``token_ids`` are computed: the table starts with those
+        blocks, shared, with or without prefix caching, and the return value
+        is ``(len(token_ids) - 1) // block_size * block_size``.
         No other block is taken: :meth:`append_slots` grows the table.
         """
         ...
@@ -224,23 +229,15 @@ class CacheAllocator(Protocol):
         """Whether :meth:`append_slots` with these arguments would find the blocks it needs."""
         ...
 
-    def append_slots(
-        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
-    ) -> list[BlockCopy]:
+    def append_slots(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int) -> None:
         """Make room to compute ``num_new_tokens`` more tokens of the sequence.
 
         The sequence's first ``num_computed_tokens`` tokens are in the cache;
         afterwards its table covers ``num_computed_tokens + num_new_tokens``
         positions. ``token_ids`` holds at least that many tokens (it may be
-        the whole sequence). A shared block in the written range is replaced
-        by a private copy; the returned copies must be performed before the
-        step's forward pass. Raises ``CacheMemoryError`` when blocks run out
+        the whole sequence). Raises ``CacheMemoryError`` when blocks run out
         (callers check :meth:`can_append` first).
         """
-        ...
-
-    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
-        """Give ``child_seq_id`` a block table sharing every block of the parent's (reference counted)."""
         ...
 
     def free(self, seq_id: int) -> None:
@@ -297,7 +294,7 @@ class Executor(Protocol):
         ...
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
-        """Perform ``batch.block_copies``, run one forward pass over the batch and sample.
+        """Run one forward pass over the batch and sample.
 
         Every new key/value of the batch is written to its slot before any
         attention reads the cache. Returns a token for every sequence with
@@ -309,9 +306,8 @@ class Executor(Protocol):
         ``ScheduledSequence.prompt_logprob_positions``, sampled or not (see
         :class:`~hetero_core.batch.ExecutionOutput`). Raises ``ExecutionError`` (or any exception) when the
         whole batch fails; the engine may retry the same batch, then run its
-        sequences one at a time (each with the block copies into its own
-        blocks), so a failed call must leave no partial state that changes a
-        retry's result.
+        sequences one at a time, so a failed call must leave no partial state
+        that changes a retry's result.
 
         The engine checks the output cheaply at the boundary: every sampled
         sequence has exactly one int token in ``[0, vocab_size)`` or an

@@ -11,10 +11,12 @@ running sequence cannot get a block, the policy's victim (never one
 already scheduled in this step) gives up its blocks and returns to the
 waiting queue, to be recomputed later.
 
-A request with ``n > 1`` starts as one sequence that computes its prompt
-but the last token, then forks into ``n`` sequences sharing those blocks;
-each computes the last prompt token itself (copy-on-write splits the last
-block) and samples independently.
+A request with ``n > 1`` has ``n`` sibling sequences. The first computes
+the prompt's full blocks (all but the block of the last token) while the
+others are held; then the others are placed, sharing those blocks
+(``CacheAllocator.allocate`` with ``sibling_of``, whether or not prefix
+caching is on), and each sibling computes the prompt's last block itself
+and samples independently. No block is ever written while shared.
 
 A request that asks for prompt logprobs takes nothing from the prefix
 cache, so every prompt position is computed and scored.
@@ -27,7 +29,6 @@ from typing import Iterator
 
 import attrs
 
-from hetero_core.batch import BlockCopy
 from hetero_core.config import EngineConfig
 from hetero_core.errors import SchedulerError
 from hetero_core.protocols import CacheAllocator, SchedulerPolicy
@@ -50,15 +51,9 @@ class SchedulerOutput:
     """The plan for one step."""
 
     work: list[ScheduledWork] = attrs.field(factory=list)
-    block_copies: list[BlockCopy] = attrs.field(factory=list)
     preempted: list[Sequence] = attrs.field(factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
-
-
-def prefill_target(seq: Sequence) -> int:
-    """How many tokens the sequence computes before it samples (or forks)."""
-    return seq.num_tokens - 1 if seq.pending_forks else seq.num_tokens
 
 
 class Scheduler:
@@ -81,6 +76,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self._seq_ids = seq_ids if seq_ids is not None else itertools.count()
+        self.block_size = config.block_size
 
     def new_seq_id(self) -> int:
         return next(self._seq_ids)
@@ -90,8 +86,14 @@ class Scheduler:
 
     @property
     def num_reserved_seqs(self) -> int:
-        """Sequences holding KV now, plus the samples running requests will still fork."""
-        return sum(1 + s.pending_forks for s in self.running)
+        """Sequences holding KV now, plus the samples their requests still hold."""
+        return sum(1 + len(s.request.held_samples) for s in self.running)
+
+    def prefill_target(self, seq: Sequence) -> int:
+        """How many tokens the sequence computes before it samples (or its held siblings are placed)."""
+        if seq.request.held_samples:
+            return (seq.num_prompt_tokens - 1) // self.block_size * self.block_size
+        return seq.num_tokens
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -112,7 +114,7 @@ class Scheduler:
         seq_budget = self.config.max_batch_size
         scheduled: set[int] = set()
 
-        decodes = [s for s in self.running if prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens]
+        decodes = [s for s in self.running if self.prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens]
         decode_ids = {s.seq_id for s in decodes}
         prefills = [s for s in self.running if s.seq_id not in decode_ids]
         for seq in itertools.chain(self._order(decodes), self._order(prefills)):
@@ -120,7 +122,7 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted earlier in this step
                 continue
-            num_new = min(prefill_target(seq) - seq.num_computed_tokens, token_budget)
+            num_new = min(self.prefill_target(seq) - seq.num_computed_tokens, token_budget)
             if not self._make_room(seq, num_new, scheduled, out):
                 continue
             self._schedule(seq, num_new, out)
@@ -179,9 +181,7 @@ class Scheduler:
         out.preempted.append(seq)
 
     def _schedule(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
-        out.block_copies.extend(
-            self.allocator.append_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
-        )
+        self.allocator.append_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
         do_sample = seq.num_computed_tokens + num_new == seq.num_tokens
         out.work.append(ScheduledWork(seq, num_new, do_sample, self.allocator.block_table(seq.seq_id)))
         if seq.state is RequestState.DECODE and do_sample and num_new == 1:
@@ -196,7 +196,7 @@ class Scheduler:
         for seq in self._order(self.waiting, waiting=True):
             if seq_budget == 0 or token_budget == 0:
                 break
-            if self.num_reserved_seqs + 1 + seq.pending_forks > self.config.max_num_seqs:
+            if self.num_reserved_seqs + 1 + len(seq.request.held_samples) > self.config.max_num_seqs:
                 break
             if self.allocator.stats().usage > self.config.memory_threshold:
                 break
@@ -204,14 +204,15 @@ class Scheduler:
             # allocator finds nothing in the prefix cache (it never covers the last token it is offered).
             known = seq.token_ids if seq.request.params.prompt_logprobs is None else seq.token_ids[:1]
             num_cached = self.allocator.allocate(seq.seq_id, known)
-            if seq.pending_forks and num_cached == prefill_target(seq):
-                # The cache holds all but the last prompt token: fork now; every
-                # sample computes that token from the next step on.
+            target = self.prefill_target(seq)
+            if seq.request.held_samples and num_cached == target:
+                # The prompt's full blocks are cached already: place the siblings
+                # now; every sample computes the last block from the next step on.
                 self._start(seq, num_cached, admitted)
-                self.fork(seq)
+                self.place_siblings(seq)
                 continue
-            num_new = min(prefill_target(seq) - num_cached, token_budget)
-            fits = self.config.enable_chunked_prefill or num_new == prefill_target(seq) - num_cached
+            num_new = min(target - num_cached, token_budget)
+            fits = self.config.enable_chunked_prefill or num_new == target - num_cached
             if not fits or not self.allocator.can_append(seq.seq_id, num_cached, num_new):
                 self.allocator.free(seq.seq_id)
                 break
@@ -229,10 +230,14 @@ class Scheduler:
 
     # ------------------------------------------------------------------ parallel sampling
 
-    def fork(self, parent: Sequence) -> list[Sequence]:
-        """Split a prompt computed up to its last token into the request's n samples; they share its blocks."""
-        children = parent.request.fork(parent, self.new_seq_id)
-        for child in children:
-            self.allocator.fork(parent.seq_id, child.seq_id)
-            self.running.append(child)
-        return children
+    def place_siblings(self, first: Sequence) -> list[Sequence]:
+        """Once ``first`` has computed its prompt's full blocks, place its held siblings, sharing those blocks."""
+        request = first.request
+        if not request.held_samples or first.num_computed_tokens != self.prefill_target(first):
+            return []
+        siblings, request.held_samples = request.held_samples, []
+        for sibling in siblings:
+            num_shared = self.allocator.allocate(sibling.seq_id, sibling.token_ids, sibling_of=first.seq_id)
+            sibling.admit(num_shared)
+            self.running.append(sibling)
+        return siblings

@@ -63,7 +63,6 @@ class Sequence:
     num_emitted_chars: int = 0  # how much of output_text has been streamed
     logprobs: list[Any] = attrs.field(factory=list)
     detokenizer: Any = None  # made on the first sampled token
-    pending_forks: int = 0  # children still to fork once the prompt (but its last token) is computed
     num_preemptions: int = 0
     matcher: Any = None  # the sample's GrammarMatcher under structured output, made on its first sampled token
 
@@ -118,20 +117,20 @@ class Sequence:
         self.state = RequestState.DECODE
 
     def finish(self, reason: FinishReason) -> None:
-        """It stops for ``reason``; an error fails it. Samples it had still to fork go with it."""
+        """It stops for ``reason``; an error fails it."""
         self.finish_reason = reason
         self.state = RequestState.FAILED if reason is FinishReason.ERROR else RequestState.COMPLETED
-        self.pending_forks = 0
 
 
 @attrs.define(eq=False)
 class Request:
     """A prompt submitted to the engine, everything it has produced, and the owner of its ``n`` samples.
 
-    The request makes its samples: the first when it is taken in, the
-    others by forking once the prompt is computed (:meth:`fork`), and any
-    still unforked when it ends early (:meth:`end`), so every one of the
-    ``n`` samples gets its final delta and its output.
+    The request makes its ``n`` samples when it is taken in: sibling
+    sequences of the same prompt. The first computes the prompt's full
+    blocks; the others are held (:attr:`held_samples`) until it has, then
+    share those blocks and each computes only the prompt's last block
+    itself (see :mod:`hetero_core.scheduler`).
     """
 
     request_id: str
@@ -141,8 +140,9 @@ class Request:
     arrival_index: int  # monotonic submission order; ties in time never reorder requests
     arrival_time: float
     on_output: Callable[[Any], None] | None = None
-    grammar: Any = None  # the compiled params.structured_output, shared by the samples' matchers
+    grammar: Any = None  # the compiled params.structured_output; each sample makes its own matcher from it
     sequences: list[Sequence] = attrs.field(factory=list)
+    held_samples: list[Sequence] = attrs.field(factory=list)  # siblings waiting for the first sample's prompt blocks
     prompt_logprobs: list[Any] = attrs.field(factory=list)  # TokenLogprobs of prompt tokens 1, 2, ... as computed
     is_prompt_logprobs_sent: bool = False  # streamed with the request's first delta
     error: str | None = None
@@ -160,42 +160,21 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        """Every sample finished (a sequence that ends before forking takes its pending samples with it)."""
-        return bool(self.sequences) and all(s.is_finished and not s.pending_forks for s in self.sequences)
+        """Every sample finished."""
+        return bool(self.sequences) and all(s.is_finished for s in self.sequences)
 
-    def start(self, seq_id: int) -> Sequence:
-        """Its first sample, which computes the prompt for all ``n`` of them."""
-        seq = self._new_sample(seq_id, self.prompt_token_ids)
-        seq.pending_forks = self.params.n - 1
-        return seq
+    def start(self, next_seq_id: Callable[[], int]) -> Sequence:
+        """Make the ``n`` samples; return the first, which computes the prompt's full blocks for all of them."""
+        for _ in range(self.params.n):
+            seq = Sequence(next_seq_id(), self, len(self.sequences), list(self.prompt_token_ids), len(self.prompt_token_ids))
+            self.sequences.append(seq)
+        self.held_samples = self.sequences[1:]
+        return self.sequences[0]
 
-    def fork(self, parent: Sequence, next_seq_id: Callable[[], int]) -> list[Sequence]:
-        """The samples ``parent`` still has to fork, each a copy of it (computed tokens included)."""
-        children = []
-        for _ in range(parent.pending_forks):
-            child = self._new_sample(next_seq_id(), parent.token_ids)
-            child.state = parent.state
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_tokens = parent.num_cached_tokens
-            children.append(child)
-        parent.pending_forks = 0
-        return children
-
-    def end(self, reason: FinishReason, next_seq_id: Callable[[], int]) -> list[Sequence]:
-        """Finish every unfinished sample with ``reason`` (an abort or an error); return them.
-
-        Samples not yet forked are made here, already finished.
-        """
-        for parent in list(self.sequences):
-            for _ in range(parent.pending_forks):
-                self._new_sample(next_seq_id(), parent.prompt_token_ids)
-            parent.pending_forks = 0
+    def end(self, reason: FinishReason) -> list[Sequence]:
+        """Finish every unfinished sample, held ones included, with ``reason`` (an abort or an error); return them."""
+        self.held_samples = []
         ended = [seq for seq in self.sequences if not seq.is_finished]
         for seq in ended:
             seq.finish(reason)
         return ended
-
-    def _new_sample(self, seq_id: int, token_ids: list[int]) -> Sequence:
-        seq = Sequence(seq_id, self, len(self.sequences), list(token_ids), len(self.prompt_token_ids))
-        self.sequences.append(seq)
-        return seq

@@ -1,12 +1,12 @@
 """A deterministic stand-in for a model, for fast engine and scheduler tests.
 
 It keeps a real paged "KV cache" (one int per slot: the token written
-there), performs the block copies it is asked for, and derives each next
-token from the tokens it reads back through the block table. Wrong block
-tables, missed copies or a token computed at the wrong position therefore
-change its output, which is what makes it useful for testing paging and
-scheduling: for the same tokens it always answers the same, however the
-batch is composed. It is not a language model.
+there) and derives each next token from the tokens it reads back through
+the block table. Wrong block tables, a shared block overwritten or a
+token computed at the wrong position therefore change its output, which
+is what makes it useful for testing paging and scheduling: for the same
+tokens it always answers the same, however the batch is composed. It is
+not a language model.
 
 It honours what a request wants of its next token as far as a stand-in
 can: the hash picks among the structured-output ``allowed_tokens`` only,
@@ -95,8 +95,6 @@ class MockExecutor:
         size = self._block_size
         if batch.block_size != size:
             raise ExecutionError(f"batch block_size {batch.block_size} != cache block_size {size}")
-        for copy in batch.block_copies:
-            self._slots[copy.dst * size : (copy.dst + 1) * size] = self._slots[copy.src * size : (copy.src + 1) * size]
         step = layout(batch)
         self._slots[step.slot_mapping] = step.input_ids
         sampled: dict[int, int] = {}

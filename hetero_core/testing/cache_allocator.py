@@ -10,10 +10,10 @@ allocator (with ``pytest`` and ``hypothesis`` installed, nothing else)::
 
 The checks follow :class:`hetero_core.protocols.CacheAllocator` and hold
 with or without prefix caching. Besides the unit checks,
-:class:`CacheAllocatorWorkload` drives random allocate / append / fork /
-free calls on tiny pools and replays every block table and copy into a
-shadow cache, so a block written in place while shared, a missed copy or a
-prefix hit with foreign contents is caught. Subclass it to add checks of
+:class:`CacheAllocatorWorkload` drives random allocate / append / sibling /
+free calls on tiny pools and replays every block table into a shadow
+cache, so a block written while shared, or a prefix hit or a sibling's
+block with foreign contents, is caught. Subclass it to add checks of
 your allocator's internals (as an ``@invariant``).
 """
 
@@ -64,7 +64,7 @@ class CacheAllocatorWorkload(RuleBasedStateMachine):
     token written there (what its keys and values depend on), so a block
     reused at another position or after another prefix is told apart.
     As in an engine step, slots handed out by ``append_slots`` are written
-    only at the next ``execute`` (or fork or free), after any ``allocate`` in
+    only at the next ``execute`` (or sibling or free), after any ``allocate`` in
     between: a prefix hit on a block whose tokens are not computed yet reads
     missing contents and fails.
     """
@@ -94,25 +94,18 @@ class CacheAllocatorWorkload(RuleBasedStateMachine):
             assert held == tuple(tokens[: position + 1]), f"sequence {seq_id} reads foreign KV at {position}"
 
     def reserve(self, seq_id: int, num_new: int) -> bool:
-        """``append_slots`` for ``num_new`` tokens, and the copies; False when the pool is full."""
+        """``append_slots`` for ``num_new`` tokens; False when the pool is full."""
         allocator, start = self.allocator, self.computed[seq_id]
         table_before, stats_before = list(allocator.block_table(seq_id)), allocator.stats()
         can = allocator.can_append(seq_id, start, num_new)
         assert allocator.stats() == stats_before, "can_append changed the pool"
         try:
-            copies = allocator.append_slots(seq_id, self.tokens[seq_id], start, num_new)
+            allocator.append_slots(seq_id, self.tokens[seq_id], start, num_new)
         except CacheMemoryError:
             assert not can, "can_append said yes, append_slots ran out of blocks"
             assert allocator.block_table(seq_id) == table_before and allocator.stats() == stats_before
             return False
         assert can, "can_append said no, append_slots succeeded"
-        for copy in copies:
-            for offset in range(self.size):
-                held = self.slots.get((copy.src, offset))
-                if held is None:
-                    self.slots.pop((copy.dst, offset), None)
-                else:
-                    self.slots[(copy.dst, offset)] = held
         table = allocator.block_table(seq_id)
         assert len(table) * self.size >= start + num_new
         written = {table[position // self.size] for position in range(start, start + num_new)}
@@ -165,17 +158,19 @@ class CacheAllocatorWorkload(RuleBasedStateMachine):
         self.write_pending()
 
     @precondition(lambda self: 0 < len(self.computed) < MAX_LIVE_SEQUENCES)
-    @rule(data=st.data(), suffix=st.lists(ALPHABET, min_size=1, max_size=4))
-    def fork(self, data: st.DataObject, suffix: list[int]) -> None:
-        """A child shares the parent's computed tokens and goes on at once with tokens of its own."""
+    @rule(data=st.data(), tail=st.lists(ALPHABET, min_size=1, max_size=4))
+    def sibling(self, data: st.DataObject, tail: list[int]) -> None:
+        """A sibling shares another sequence's computed full blocks, then computes a last block of its own."""
         self.write_pending()
-        parent = data.draw(st.sampled_from(sorted(self.computed)))
-        child = self.new_seq_id()
-        self.allocator.fork(parent, child)
-        assert self.allocator.block_table(child) == self.allocator.block_table(parent)
-        self.computed[child] = self.computed[parent]
-        self.tokens[child] = self.tokens[parent][: self.computed[parent]] + suffix
-        self.reserve(child, len(suffix))
+        first = data.draw(st.sampled_from(sorted(self.computed)))
+        num_full = self.computed[first] // self.size * self.size
+        tokens = self.tokens[first][:num_full] + tail[: self.size]
+        seq_id = self.new_seq_id()
+        assert self.allocator.allocate(seq_id, tokens, sibling_of=first) == num_full
+        assert self.allocator.block_table(seq_id) == self.allocator.block_table(first)[: num_full // self.size]
+        self.tokens[seq_id], self.computed[seq_id] = tokens, num_full
+        self.check_contents(seq_id)
+        self.reserve(seq_id, len(tokens) - num_full)
 
     @precondition(lambda self: self.computed)
     @rule(data=st.data())
@@ -269,7 +264,7 @@ class CacheAllocatorContract:
         tokens = list(range(10))
         allocator.allocate(0, tokens)
         assert allocator.can_append(0, 0, 10)
-        assert allocator.append_slots(0, tokens, 0, 10) == []
+        allocator.append_slots(0, tokens, 0, 10)
         table = list(allocator.block_table(0))  # a copy: the allocator may change its own list
         assert len(table) == 3 and len(set(table)) == 3
         assert all(0 <= block < 8 for block in table)
@@ -303,40 +298,30 @@ class CacheAllocatorContract:
         allocator.append_slots(0, tokens, 4, 4)
         assert allocator.stats().used_blocks == 2
 
-    def test_fork_shares_and_the_first_write_copies(self) -> None:
-        allocator = self.make_allocator(8, 4)
-        tokens = list(range(6))
+    @pytest.mark.parametrize(("prompt_length", "num_shared"), [(9, 2), (10, 2), (12, 2), (13, 3), (4, 0)])
+    def test_a_sibling_shares_the_prompt_blocks_before_the_last_token(self, prompt_length: int, num_shared: int) -> None:
+        allocator = self.make_allocator(16, 4)
+        tokens = list(range(prompt_length))
         allocator.allocate(0, tokens)
-        allocator.append_slots(0, tokens, 0, 6)
-        allocator.fork(0, 1)
+        allocator.append_slots(0, tokens, 0, num_shared * 4)
+        assert allocator.allocate(1, tokens, sibling_of=0) == num_shared * 4
         assert allocator.block_table(1) == allocator.block_table(0)
-        assert allocator.stats().used_blocks == 2 and allocator.stats().num_sequences == 2
-        assert allocator.can_append(1, 6, 1)
-        copies = allocator.append_slots(1, [*tokens, 99], 6, 1)  # position 6 lies in the shared block 1
-        parent, child = list(allocator.block_table(0)), list(allocator.block_table(1))
-        assert [(copy.src, copy.dst) for copy in copies] == [(parent[1], child[1])]
-        assert child[0] == parent[0] and child[1] != parent[1]
-        assert allocator.append_slots(0, [*tokens, 5], 6, 1) == []  # the parent owns its block alone now
-        assert allocator.block_table(0) == parent
-        assert allocator.stats().used_blocks == 3
+        assert allocator.stats().used_blocks == num_shared and allocator.stats().num_sequences == 2
+        for seq_id in (0, 1):
+            assert allocator.can_append(seq_id, num_shared * 4, prompt_length - num_shared * 4)
+            allocator.append_slots(seq_id, tokens, num_shared * 4, prompt_length - num_shared * 4)
+        first, sibling = allocator.block_table(0), allocator.block_table(1)
+        assert first[:num_shared] == sibling[:num_shared] and first[num_shared] != sibling[num_shared]
+        assert allocator.stats().used_blocks == num_shared + 2
         assert_accounting(allocator.stats())
-
-    def test_a_fork_writing_past_full_blocks_copies_nothing(self) -> None:
-        allocator = self.make_allocator(8, 2)
-        tokens = list(range(4))
-        allocator.allocate(0, tokens)
-        allocator.append_slots(0, tokens, 0, 4)
-        allocator.fork(0, 1)
-        assert allocator.append_slots(1, [*tokens, 9], 4, 1) == []
-        assert allocator.block_table(1)[:2] == allocator.block_table(0)
-        assert allocator.stats().used_blocks == 3
 
     def test_free_returns_every_block(self) -> None:
         allocator = self.make_allocator(8, 4)
         tokens = list(range(9))
         allocator.allocate(0, tokens)
         allocator.append_slots(0, tokens, 0, 9)
-        allocator.fork(0, 1)
+        allocator.allocate(1, tokens, sibling_of=0)
+        allocator.append_slots(1, tokens, 8, 1)
         allocator.free(0)
         assert allocator.stats().used_blocks == 3
         allocator.free(1)

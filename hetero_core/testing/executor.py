@@ -22,7 +22,7 @@ import random
 
 import pytest
 
-from hetero_core.batch import BlockCopy, ExecutionBatch, ScheduledSequence
+from hetero_core.batch import ExecutionBatch, ScheduledSequence
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import Executor
 from hetero_core.structured_output import new_bitmask
@@ -121,15 +121,15 @@ class ExecutorContract:
         )
         assert together.sampled_token_ids[2] == alone.sampled_token_ids[0]
 
-    def test_block_copies_are_performed_before_the_step(self, ready: Executor) -> None:
-        tokens = prompt(ready, 6, seed=4)
-        ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 5, [0, 1])], BLOCK_SIZE))
-        reference = ready.execute(ExecutionBatch([scheduled(0, tokens, 5, 1, [0, 1])], BLOCK_SIZE))
-        # Copy the half-full block 1 to block 9 and decode the same token through the copy.
-        copied = ready.execute(
-            ExecutionBatch([scheduled(1, tokens, 5, 1, [0, 9])], BLOCK_SIZE, block_copies=[BlockCopy(1, 9)])
+    def test_siblings_read_the_prompt_blocks_they_share(self, ready: Executor) -> None:
+        tokens = prompt(ready, 10, seed=4)
+        alone = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 10, [0, 1, 2])], BLOCK_SIZE))
+        # Sequence 1 computes blocks 3 and 4; its siblings share them and each computes the last block itself.
+        ready.execute(ExecutionBatch([scheduled(1, tokens, 0, 8, [3, 4])], BLOCK_SIZE))
+        siblings = ready.execute(
+            ExecutionBatch([scheduled(seq_id, tokens, 8, 2, [3, 4, 4 + seq_id]) for seq_id in (1, 2, 3)], BLOCK_SIZE)
         )
-        assert copied.sampled_token_ids[1] == reference.sampled_token_ids[0]
+        assert [siblings.sampled_token_ids[seq_id] for seq_id in (1, 2, 3)] == [alone.sampled_token_ids[0]] * 3
 
     def test_seeded_sampling_reproduces(self, ready: Executor) -> None:
         tokens = prompt(ready, 7, seed=5)

@@ -13,15 +13,14 @@ The core's own tests run this way, and a plugin author can too: a tokenizer
 or executor plugin tested in an engine then needs neither the project's
 scheduler nor its paged allocator. Both components follow their protocols
 (the contract kit checks them) in the plainest way: the policy serves in
-arrival order, the allocator shares blocks only between forks, copies a
-shared block before a write and has no prefix cache.
+arrival order, the allocator shares blocks only between sibling samples
+and has no prefix cache.
 """
 
 from __future__ import annotations
 
 from typing import Sequence as SequenceOf
 
-from hetero_core.batch import BlockCopy
 from hetero_core.errors import CacheMemoryError, SchedulerError
 from hetero_core.hookspecs import Register, hookimpl
 from hetero_core.memory import MemoryStats
@@ -45,7 +44,7 @@ class ArrivalOrderPolicy:
 
 
 class ReferenceAllocator:
-    """Block tables over a free list, reference counts for forks, copy before writing a shared block."""
+    """Block tables over a free list, with reference counts for the prompt blocks sibling samples share."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self._num_blocks, self._block_size = num_blocks, block_size
@@ -61,11 +60,14 @@ class ReferenceAllocator:
     def num_blocks(self) -> int:
         return self._num_blocks
 
-    def allocate(self, seq_id: int, token_ids: SequenceOf[int]) -> int:
+    def allocate(self, seq_id: int, token_ids: SequenceOf[int], sibling_of: int | None = None) -> int:
         if seq_id in self._tables:
             raise SchedulerError(f"sequence {seq_id} already has a block table")
-        self._tables[seq_id] = []
-        return 0
+        table = [] if sibling_of is None else self._table(sibling_of)[: (len(token_ids) - 1) // self._block_size]
+        for block in table:
+            self._refcount[block] += 1
+        self._tables[seq_id] = table
+        return len(table) * self._block_size
 
     def num_cached_prefix_tokens(self, token_ids: SequenceOf[int]) -> int:
         return 0
@@ -73,32 +75,13 @@ class ReferenceAllocator:
     def can_append(self, seq_id: int, num_computed_tokens: int, num_new_tokens: int) -> bool:
         return self._num_needed(self._table(seq_id), num_computed_tokens, num_new_tokens) <= len(self._free)
 
-    def append_slots(
-        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
-    ) -> list[BlockCopy]:
+    def append_slots(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int) -> None:
         table = self._table(seq_id)
         needed = self._num_needed(table, num_computed_tokens, num_new_tokens)
         if needed > len(self._free):
             raise CacheMemoryError(f"sequence {seq_id} needs {needed} more KV blocks, {len(self._free)} are free")
-        end, size = num_computed_tokens + num_new_tokens, self._block_size
-        copies = []
-        for index in range(num_computed_tokens // size, min(len(table), -(-end // size))):
-            shared = table[index]
-            if self._refcount[shared] > 1:
-                table[index] = self._take()
-                self._release(shared)
-                copies.append(BlockCopy(shared, table[index]))
-        while len(table) * size < end:
+        while len(table) * self._block_size < num_computed_tokens + num_new_tokens:
             table.append(self._take())
-        return copies
-
-    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
-        if child_seq_id in self._tables:
-            raise SchedulerError(f"sequence {child_seq_id} already has a block table")
-        table = list(self._table(parent_seq_id))
-        for block in table:
-            self._refcount[block] += 1
-        self._tables[child_seq_id] = table
 
     def free(self, seq_id: int) -> None:
         for block in self._table(seq_id):
@@ -129,9 +112,7 @@ class ReferenceAllocator:
         size = self._block_size
         if not 0 <= num_computed_tokens <= len(table) * size or num_new_tokens < 0:
             raise SchedulerError(f"num_computed_tokens={num_computed_tokens} and num_new_tokens={num_new_tokens} do not fit the table")
-        end_block = -(-(num_computed_tokens + num_new_tokens) // size)
-        shared = sum(1 for b in table[num_computed_tokens // size : end_block] if self._refcount[b] > 1)
-        return max(0, end_block - len(table)) + shared
+        return max(0, -(-(num_computed_tokens + num_new_tokens) // size) - len(table))
 
     def _take(self) -> int:
         block = self._free.pop()

@@ -1,9 +1,8 @@
 """Per-sequence block tables over a :class:`~hetero_cache_paged.block_pool.BlockPool`.
 
-Copy-on-write: a block that several tables share is never written in
-place; the first sequence to write into it gets a private copy, and the
-:class:`~hetero_core.batch.BlockCopy` goes back to the engine for the
-executor to perform.
+Sharing: a block is in several tables only when it is full and computed
+(a prefix-cache hit, or the prompt blocks of sibling samples), so no
+block is written while shared; writing one raises ``SchedulerError``.
 
 Prefix caching: a block is sealed (entered into the prefix cache) once all
 of its tokens are computed, which :meth:`PagedAllocator.append_slots` learns
@@ -20,7 +19,6 @@ from typing import Iterator, Sequence as SequenceOf
 import attrs
 
 from hetero_cache_paged.block_pool import ROOT_IDENTITY, BlockPool
-from hetero_core.batch import BlockCopy
 from hetero_core.errors import CacheMemoryError, ConfigError, SchedulerError
 from hetero_core.memory import MemoryStats
 
@@ -40,9 +38,6 @@ class _SequenceBlocks:
     num_sealed: int = 0  # leading blocks sealed in the prefix cache
     key: int = ROOT_KEY  # the chained key of the last sealed block
     identity: int = ROOT_IDENTITY  # the identity of the last sealed block
-
-    def copy(self) -> _SequenceBlocks:
-        return _SequenceBlocks(list(self.table), self.num_sealed, self.key, self.identity)
 
 
 class PagedAllocator:
@@ -87,9 +82,11 @@ class PagedAllocator:
 
     # ------------------------------------------------------------------ protocol
 
-    def allocate(self, seq_id: int, token_ids: SequenceOf[int]) -> int:
+    def allocate(self, seq_id: int, token_ids: SequenceOf[int], sibling_of: int | None = None) -> int:
         if seq_id in self._sequences:
             raise SchedulerError(f"sequence {seq_id} already has a block table")
+        if sibling_of is not None:
+            return self._share_prompt(seq_id, token_ids, sibling_of)
         blocks = _SequenceBlocks([])
         self._sequences[seq_id] = blocks
         if not self.enable_prefix_caching:
@@ -114,9 +111,7 @@ class PagedAllocator:
         self._check_counts(seq_id, blocks, num_computed_tokens, num_new_tokens)
         return self._num_blocks_needed(blocks.table, num_computed_tokens, num_new_tokens) <= self._pool.num_available
 
-    def append_slots(
-        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
-    ) -> list[BlockCopy]:
+    def append_slots(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int) -> None:
         blocks = self._blocks(seq_id)
         self._check_counts(seq_id, blocks, num_computed_tokens, num_new_tokens)
         end = num_computed_tokens + num_new_tokens
@@ -125,32 +120,21 @@ class PagedAllocator:
                 f"sequence {seq_id}: token_ids has {len(token_ids)} tokens, fewer than the {end} to cover"
             )
         table, pool, size = blocks.table, self._pool, self._block_size
+        first = num_computed_tokens // size
+        if num_new_tokens and first < len(table) and pool.refcount(table[first]) > 1:
+            raise SchedulerError(
+                f"sequence {seq_id} would write position {num_computed_tokens} into block {table[first]},"
+                f" which {pool.refcount(table[first])} sequences share"
+            )
         needed = self._num_blocks_needed(table, num_computed_tokens, num_new_tokens)
         if needed > pool.num_available:
             raise CacheMemoryError(
                 f"sequence {seq_id} needs {needed} more KV blocks, {pool.num_available} are available"
             )
-        if self.enable_prefix_caching and num_computed_tokens // size > blocks.num_sealed:
+        if self.enable_prefix_caching and first > blocks.num_sealed:
             self._seal_computed_blocks(blocks, token_ids, num_computed_tokens)
-        copies = []
-        for index in range(num_computed_tokens // size, min(len(table), -(-end // size))):
-            shared = table[index]
-            if pool.refcount(shared) > 1:
-                private = pool.take_fresh()
-                pool.release(shared)
-                table[index] = private
-                copies.append(BlockCopy(shared, private))
         while len(table) * size < end:
             table.append(pool.take_fresh())
-        return copies
-
-    def fork(self, parent_seq_id: int, child_seq_id: int) -> None:
-        if child_seq_id in self._sequences:
-            raise SchedulerError(f"sequence {child_seq_id} already has a block table")
-        child = self._blocks(parent_seq_id).copy()
-        for block in child.table:
-            self._pool.share(block)
-        self._sequences[child_seq_id] = child
 
     def free(self, seq_id: int) -> None:
         blocks = self._blocks(seq_id)
@@ -223,14 +207,24 @@ class PagedAllocator:
             )
 
     def _num_blocks_needed(self, table: list[int], num_computed_tokens: int, num_new_tokens: int) -> int:
-        """Fresh blocks to cover the new tokens: growth, plus a copy for each shared block written."""
-        size, num_blocks = self._block_size, len(table)
-        end_block = -(-(num_computed_tokens + num_new_tokens) // size)
-        needed = end_block - num_blocks if end_block > num_blocks else 0
-        for index in range(num_computed_tokens // size, min(num_blocks, end_block)):
-            if self._pool.refcount(table[index]) > 1:
-                needed += 1
-        return needed
+        """Fresh blocks to cover the new tokens."""
+        return max(0, -(-(num_computed_tokens + num_new_tokens) // self._block_size) - len(table))
+
+    def _share_prompt(self, seq_id: int, token_ids: SequenceOf[int], sibling_of: int) -> int:
+        """Start ``seq_id``'s table with the blocks of its sibling before the block of the last token."""
+        sibling, num_shared = self._blocks(sibling_of), (len(token_ids) - 1) // self._block_size
+        if len(sibling.table) < num_shared:
+            raise SchedulerError(
+                f"sequence {sibling_of} holds {len(sibling.table)} blocks, fewer than the {num_shared}"
+                f" full prompt blocks sequence {seq_id} would share"
+            )
+        blocks = _SequenceBlocks(sibling.table[:num_shared])
+        if sibling.num_sealed == num_shared:  # else sealed again from the start: a sealed block keeps its registration
+            blocks.num_sealed, blocks.key, blocks.identity = sibling.num_sealed, sibling.key, sibling.identity
+        for block in blocks.table:
+            self._pool.share(block)
+        self._sequences[seq_id] = blocks
+        return num_shared * self._block_size
 
     def _seal_computed_blocks(
         self, blocks: _SequenceBlocks, token_ids: SequenceOf[int], num_computed_tokens: int

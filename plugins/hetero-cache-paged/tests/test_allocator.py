@@ -1,4 +1,4 @@
-"""The paged allocator: the core contract, prefix caching, eviction order, copy-on-write, errors."""
+"""The paged allocator: the core contract, prefix caching, eviction order, sibling sharing, errors."""
 
 from __future__ import annotations
 
@@ -132,19 +132,33 @@ def test_a_prompt_cached_whole_still_recomputes_its_last_token() -> None:
     assert allocator.allocate(1, [1, 2, 3, 4]) == 2
 
 
-def test_copy_on_write_after_fork_keeps_the_parent_block() -> None:
-    allocator = PagedAllocator(8, 4)
-    tokens = [1, 2, 3, 4, 5, 6]
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_siblings_share_the_prompt_blocks_counted_not_cached(enable_prefix_caching: bool) -> None:
+    allocator = PagedAllocator(8, 4, enable_prefix_caching)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     allocator.allocate(0, tokens)
-    allocator.append_slots(0, tokens, 0, 6)
-    parent_table = list(allocator.block_table(0))
-    allocator.fork(0, 1)
-    assert [allocator.refcount(block) for block in parent_table] == [2, 2]
-    copies = allocator.append_slots(1, [*tokens, 7], 6, 1)
-    assert [(copy.src, copy.dst) for copy in copies] == [(parent_table[1], allocator.block_table(1)[1])]
-    assert allocator.block_table(0) == parent_table
-    assert [allocator.refcount(block) for block in parent_table] == [2, 1]
-    assert allocator.refcount(allocator.block_table(1)[1]) == 1
+    allocator.append_slots(0, tokens, 0, 8)
+    queries = allocator.stats().prefix_cache_queries
+    for sibling in (1, 2):
+        assert allocator.allocate(sibling, tokens, sibling_of=0) == 8
+    assert [allocator.refcount(block) for block in allocator.block_table(0)] == [3, 3]
+    assert allocator.stats().prefix_cache_queries == queries  # sharing with a sibling is not a prefix-cache lookup
+    for seq_id in (0, 1, 2):
+        allocator.append_slots(seq_id, tokens, 8, 2)
+    assert allocator.stats().used_blocks == 2 + 3
+    for seq_id in (0, 1, 2):
+        allocator.free(seq_id)
+    assert allocator.stats().cached_blocks == (2 if enable_prefix_caching else 0)
+
+
+def test_a_shared_block_is_never_written() -> None:
+    allocator = PagedAllocator(8, 4)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    allocator.allocate(0, tokens)
+    allocator.append_slots(0, tokens, 0, 8)
+    allocator.allocate(1, tokens, sibling_of=0)
+    with pytest.raises(SchedulerError, match="sequence 1 would write position 6 into block .*, which 2 sequences share"):
+        allocator.append_slots(1, tokens, 6, 3)
 
 
 def test_reset_prefix_cache_frees_cached_blocks_only() -> None:
@@ -168,10 +182,10 @@ def test_misuse_names_the_sequence() -> None:
         allocator.free(5)
     with pytest.raises(SchedulerError, match="sequence 0 already"):
         allocator.allocate(0, [1])
-    with pytest.raises(SchedulerError, match="sequence 0 already"):
-        allocator.fork(0, 0)
     with pytest.raises(SchedulerError, match="sequence 5 has no"):
-        allocator.fork(5, 6)
+        allocator.allocate(6, [1, 2, 3], sibling_of=5)
+    with pytest.raises(SchedulerError, match="sequence 0 holds 0 blocks, fewer than the 1 full prompt blocks sequence 7"):
+        allocator.allocate(7, [1, 2, 3], sibling_of=0)
     with pytest.raises(SchedulerError, match="num_computed_tokens=2"):
         allocator.can_append(0, 2, 1)  # nothing of sequence 0 is in the cache yet
     with pytest.raises(SchedulerError, match="token_ids has 1"):
@@ -198,19 +212,19 @@ def test_running_out_of_blocks_is_a_memory_error() -> None:
 @given(
     num_blocks=st.integers(1, 6),
     sizes=st.lists(st.integers(0, 9), min_size=1, max_size=5),
-    num_forks=st.integers(0, 2),
+    num_siblings=st.integers(0, 2),
     num_cached_prompts=st.integers(0, 2),
 )
-def test_can_append_is_exact(num_blocks: int, sizes: list[int], num_forks: int, num_cached_prompts: int) -> None:
-    allocator = PagedAllocator(num_blocks + 2 * num_cached_prompts, 2)
+def test_can_append_is_exact(num_blocks: int, sizes: list[int], num_siblings: int, num_cached_prompts: int) -> None:
+    allocator = PagedAllocator(num_blocks + 1 + 2 * num_cached_prompts, 2)
     for seq_id in range(100, 100 + num_cached_prompts):  # cached blocks that eviction may reclaim
         compute_prompt(allocator, seq_id, [seq_id, seq_id, 0])
         allocator.free(seq_id)
-    allocator.allocate(0, [0])
-    allocator.append_slots(0, [0], 0, 1)
-    for child in range(1, num_forks + 1):
-        allocator.fork(0, child)
-    done = 1
+    allocator.allocate(0, [0, 0, 0])
+    allocator.append_slots(0, [0, 0, 0], 0, 2)
+    for sibling in range(1, num_siblings + 1):
+        allocator.allocate(sibling, [0, 0, 0], sibling_of=0)
+    done = 2
     for size in sizes:
         tokens = [0] * (done + size)
         can = allocator.can_append(0, done, size)

@@ -1,4 +1,4 @@
-"""Random allocate / append / fork / free / fill sequences on tiny pools.
+"""Random allocate / append / sibling / free / fill sequences on tiny pools.
 
 The core's workload checks contents and accounting through the protocol;
 this one adds the paged allocator's own books: every block's reference

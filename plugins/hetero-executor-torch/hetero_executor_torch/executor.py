@@ -248,7 +248,6 @@ class TorchExecutor:
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
         with torch.inference_mode(), self._on_device():
-            self._copy_blocks(batch)
             step = layout(batch)
             ordered = step.sequences
             scores_prompts = any(s.prompt_logprob_positions for s in ordered)
@@ -299,15 +298,6 @@ class TorchExecutor:
         self.graphs = None
 
     # ------------------------------------------------------------------ step inputs
-
-    def _copy_blocks(self, batch: ExecutionBatch) -> None:
-        if not batch.block_copies:
-            return
-        src = torch.tensor([c.src for c in batch.block_copies], device=self.device)
-        dst = torch.tensor([c.dst for c in batch.block_copies], device=self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache[dst] = k_cache[src]
-            v_cache[dst] = v_cache[src]
 
     def model_inputs(self, step: StepLayout) -> tuple:
         """The model's forward arguments for ``step``: token ids, positions, the attention backend's

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hetero_core.batch import BlockCopy, ExecutionBatch, ScheduledSequence
+from hetero_core.batch import ExecutionBatch, ScheduledSequence
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
 from hetero_executor_torch import TorchExecutor
@@ -57,10 +57,14 @@ def reference(tiny_model, tokens) -> torch.Tensor:
     return plain.prefill_logits(tokens, list(range(-(-LENGTH // BLOCK_SIZE))))
 
 
-def step(executor: TorchExecutor, seq_id: int, tokens: list[int], start: int, count: int, table: list[int], copies=()) -> None:
+def scheduled(seq_id: int, tokens: list[int], start: int, count: int, table: list[int]) -> ScheduledSequence:
+    """``tokens[start:start + count]`` of one sequence, sampling after its last token."""
+    return ScheduledSequence(seq_id, tokens[start : start + count], start, table, True, GREEDY, tokens[: start + count], start + count, None)
+
+
+def step(executor: TorchExecutor, seq_id: int, tokens: list[int], start: int, count: int, table: list[int]) -> None:
     """Compute ``tokens[start:start + count]`` of one sequence, sampling after its last token."""
-    seq = ScheduledSequence(seq_id, tokens[start : start + count], start, table, True, GREEDY, tokens[: start + count], start + count, None)
-    executor.execute(ExecutionBatch([seq], BLOCK_SIZE, list(copies)))
+    executor.execute(ExecutionBatch([scheduled(seq_id, tokens, start, count, table)], BLOCK_SIZE))
 
 
 def scattered_table(rng: random.Random, length: int) -> list[int]:
@@ -120,12 +124,12 @@ def test_prefill_and_decodes_in_one_batch_match_the_reference(executor, tokens, 
         torch.testing.assert_close(executor.sampler.logits[seq_id], reference[position], **TOLERANCE)
 
 
-def test_block_copies_happen_before_the_forward_pass(executor, tokens, reference) -> None:
-    """A fork whose partly filled last block is copied on write continues as if it held the original."""
-    table = scattered_table(random.Random(3), 10)  # 10 tokens: the third block holds two
-    spare = next(b for b in range(8, NUM_BLOCKS) if b not in table)
-    poison(executor, [*table, spare])
-    step(executor, 20, tokens, 0, 10, table)
-    forked = [*table[:2], spare]
-    step(executor, 21, tokens, 10, 1, forked, copies=[BlockCopy(table[2], spare)])
-    torch.testing.assert_close(executor.sampler.logits[21], reference[10], **TOLERANCE)
+def test_siblings_sharing_the_prompt_blocks_each_compute_their_last_block(executor, tokens, reference) -> None:
+    """Sibling samples read the full prompt blocks one of them computed, in one step, each with its own last block."""
+    blocks = scattered_table(random.Random(3), 4 * BLOCK_SIZE)  # two shared blocks, a last block for each of two siblings
+    shared, tails = blocks[:2], blocks[2:]
+    poison(executor, blocks)
+    step(executor, 20, tokens, 0, 8, shared)
+    executor.execute(ExecutionBatch([scheduled(20 + i, tokens, 8, 3, [*shared, tail]) for i, tail in enumerate(tails)], BLOCK_SIZE))
+    for seq_id in (20, 21):
+        torch.testing.assert_close(executor.sampler.logits[seq_id], reference[10], **TOLERANCE)
