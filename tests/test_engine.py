@@ -137,7 +137,7 @@ def test_abort_frees_every_block(make_engine, state: str) -> None:
 
 
 @pytest.mark.parametrize("steps_before", [0, 1])
-def test_aborting_before_the_samples_fork_still_ends_every_sample(make_engine, steps_before: int) -> None:
+def test_aborting_while_samples_are_held_still_ends_every_sample(make_engine, steps_before: int) -> None:
     engine = make_engine()
     deltas: list = []
     request_id = engine.submit_request("a prompt long enough to take a few chunks", GenerationParams(n=3, max_tokens=5), on_output=deltas.append)

@@ -1,10 +1,12 @@
 """Random workloads through the real scheduler, the paged allocator and the mock executor.
 
 A hypothesis state machine submits, aborts and steps, and after every step
-checks the budgets, block accounting and the policy's admission order (for
-``lpm``: that no request is passed over by more than ``max_overtakes``
-later arrivals); at the end it drains the engine and checks that every
-request ended exactly once, with a truthful finish reason, and that no
+checks the budgets, block accounting (every used block is in the table of
+a running sequence, so finishing, aborting or preempting sibling samples
+leaks none) and the policy's admission order (for ``lpm``: that no
+request is passed over by more than ``max_overtakes`` later arrivals); at
+the end it drains the engine and checks that every request ended exactly
+once, with all of its samples and a truthful finish reason, and that no
 block leaked.
 """
 
@@ -99,7 +101,7 @@ class EngineWorkload(RuleBasedStateMachine):
         length=st.integers(1, 12),
         max_tokens=st.integers(0, 10),
         priority=st.integers(0, 2),
-        n=st.integers(1, 3),
+        n=st.integers(1, 4),
         shared_prefix=st.booleans(),
         scored=st.booleans(),
         data=st.data(),
@@ -139,6 +141,11 @@ class EngineWorkload(RuleBasedStateMachine):
             return
         stats = self.engine.get_memory_stats()
         assert stats.used_blocks + stats.free_blocks + stats.cached_blocks == stats.total_blocks
+        running = self.engine.scheduler.running
+        assert stats.num_sequences == len(running)
+        assert stats.used_blocks == len({b for s in running for b in self.engine.allocator.block_table(s.seq_id)})
+        for seq in running:  # a request's held samples wait outside the scheduler until its first sample places them
+            assert not seq.request.held_samples or seq.index == 0
 
     def teardown(self) -> None:
         if not hasattr(self, "engine"):
@@ -151,7 +158,7 @@ class EngineWorkload(RuleBasedStateMachine):
         assert set(self.completed) == set(self.submitted)
         for request_id, record in self.completed.items():
             params = self.submitted[request_id]
-            assert len(record.outputs) == params.n or request_id in self.aborted
+            assert [o.index for o in record.outputs] == list(range(params.n))
             if params.prompt_logprobs is not None and request_id not in self.aborted:  # every position, once
                 assert [e.token_id for e in record.prompt_logprobs[1:]] == record.input_tokens[1:]
             for output in record.outputs:

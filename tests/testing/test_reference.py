@@ -24,7 +24,7 @@ class TestReferenceAllocator(CacheAllocatorContract):
         return ReferenceAllocator(num_blocks, block_size)
 
 
-def test_an_engine_of_reference_components_survives_preemption_and_forks(make_engine) -> None:
+def test_an_engine_of_reference_components_survives_preemption_with_sibling_samples(make_engine) -> None:
     engine = make_engine(max_num_blocks=12)
     assert isinstance(engine.policy, ArrivalOrderPolicy) and isinstance(engine.allocator, ReferenceAllocator)
     records = engine.generate(["a prompt of some length"] * 3, GenerationParams(max_tokens=16, n=2, seed=1))
