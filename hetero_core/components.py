@@ -34,6 +34,7 @@ EXTENSION_POINTS: dict[str, str] = {
     "executor": "register_executors",
     "structured_output": "register_structured_output_backends",
     "serving_backend": "register_serving_backends",
+    "command": "register_commands",
 }
 # the positional arguments each point's factory takes before its options
 FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
@@ -43,6 +44,7 @@ FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "executor": ("config",),
     "structured_output": ("tokenizer",),
     "serving_backend": ("config",),
+    "command": ("argv",),
 }
 
 

@@ -1,25 +1,25 @@
-"""Engine configuration: sizes, component selection, plugins and serving.
+"""Engine configuration: sizes, component selection, plugins, and the server's section.
 
 Everything is a frozen attrs class validated on construction, so an
 ``EngineConfig`` that exists is a valid one. ``from_file`` reads JSON in
 the seed's flat layout (the size keys at the top level) extended with the
 sections below; an unknown key anywhere is an error that lists the keys
-allowed there.
+allowed there. The ``server`` section belongs to the OpenAI server plugin
+(``hetero-serve-openai``): the core keeps it as given, and the plugin checks
+it, key by key, when it serves (:func:`config_section`).
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import boolean, named_options, number_in, optional
+from hetero_core.validators import boolean, number_in, optional
 
-_positive_int = number_in(1, None, integer=True, error=ConfigError)
 MAX_COUNT = 2**24  # no size, budget or queue length is sensibly larger (16,777,216)
 MAX_BLOCK_SIZE = 1024
 MAX_REPLICAS = 1024  # engine replicas of one server
@@ -98,33 +98,6 @@ class PluginsConfig:
 
 
 @attrs.frozen
-class ServerConfig:
-    """The OpenAI-compatible HTTP server (``hetero-infer serve``)."""
-
-    host: str = attrs.field(default="127.0.0.1", validator=_check_name)
-    port: int = attrs.field(default=8000, validator=number_in(0, 65535, integer=True, error=ConfigError))
-    model_name: str | None = attrs.field(default=None, validator=_optional_name)  # the name clients use; defaults to the model file's name
-    backend: str = attrs.field(default="local_engine", validator=_check_name)  # a registered serving backend's name
-    backend_options: Mapping[str, Any] = attrs.field(factory=dict, converter=named_options("server.backend_options"))  # keyword options for its factory
-    command: tuple[str, ...] = attrs.field(default=(), converter=lambda v: tuple(shlex.split(v) if isinstance(v, str) else v))  # command_bridge: program and arguments
-    command_timeout: float = attrs.field(default=60.0, validator=number_in(0, None, low_open=True, error=ConfigError))
-    command_concurrency: int = attrs.field(default=4, validator=_positive_int)
-    command_max_output_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)  # command_bridge: a program's stdout; a 502 beyond
-    api_key: str | None = attrs.field(default=None, validator=_optional_name)  # also HETERO_API_KEY; None leaves the server open
-    max_body_bytes: int = attrs.field(default=4 * 1024 * 1024, validator=_positive_int)
-    drain_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, error=ConfigError))
-    max_connections: int = attrs.field(default=1024, validator=_positive_int)  # open connections; the oldest idle one makes way
-    read_timeout: float = attrs.field(default=30.0, validator=number_in(0, None, low_open=True, error=ConfigError))  # to receive a request
-    max_choices_per_request: int = attrs.field(default=256, validator=_positive_int)  # prompts x n in one request
-    max_response_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive_int)  # estimated from the request; a 400 beyond
-    protect_metrics_and_docs: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))  # behind the API key too
-
-    def __attrs_post_init__(self) -> None:
-        if self.backend == "command_bridge" and not self.command:
-            raise ConfigError("server.command must name the program to run for backend 'command_bridge'", param="command")
-
-
-@attrs.frozen
 class EngineConfig:
     """How to build and run an engine. Sizes count tokens, blocks or sequences."""
 
@@ -153,8 +126,8 @@ class EngineConfig:
     cache_allocator: ComponentSpec = _component("paged")
     executor: ComponentSpec = _component("torch")
     structured_output: ComponentSpec = _component("llguidance")
-    plugins: PluginsConfig = attrs.field(factory=PluginsConfig, converter=lambda v: _section(PluginsConfig, v, "plugins"))
-    server: ServerConfig = attrs.field(factory=ServerConfig, converter=lambda v: _section(ServerConfig, v, "server"))
+    plugins: PluginsConfig = attrs.field(factory=PluginsConfig, converter=lambda v: config_section(PluginsConfig, v, "plugins"))
+    server: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda v: _json_object(v, "server"))  # the server plugin's section
 
     def validate(self) -> None:
         """Re-run every field's validator (construction already did; this is for the seed's API)."""
@@ -197,16 +170,25 @@ class EngineConfig:
         }
 
 
-_SECTIONS: dict[str, type] = {"plugins": PluginsConfig, "server": ServerConfig}
+_SECTIONS: dict[str, type] = {"plugins": PluginsConfig}
+_OPEN_SECTIONS = ("server",)  # kept as given; ``evolve`` merges keys onto the current ones
 
 
-def _section(cls: type, value: Any, key: str) -> Any:
-    """A config section given as its class or as a mapping of its fields."""
+def config_section(cls: type, value: Any, key: str) -> Any:
+    """The config section ``key`` as the frozen attrs class ``cls``: given as one, or as a mapping of its fields.
+
+    An unknown key is a ``ConfigError`` naming ``key.unknown`` and listing the allowed keys;
+    the class's validators name a bad value. A plugin reads its section of the config with it.
+    """
     if isinstance(value, cls):
         return value
-    if isinstance(value, Mapping):
-        return _build(cls, value, prefix=f"{key}.")
-    raise ConfigError(f"{key} must be an object, got {value!r}", param=key)
+    return _build(cls, _json_object(value, key), prefix=f"{key}.")
+
+
+def _json_object(value: Any, key: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key} must be an object, got {value!r}", param=key)
+    return dict(value)
 
 
 def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: str = "") -> Any:
@@ -222,6 +204,8 @@ def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: st
         section = _SECTIONS.get(key) if cls is EngineConfig else None
         if section is not None and isinstance(value, Mapping):
             value = _build(section, value, base=getattr(base, key, None), prefix=f"{key}.")
+        elif cls is EngineConfig and key in _OPEN_SECTIONS and base is not None and isinstance(value, Mapping):
+            value = {**getattr(base, key), **value}
         kwargs[key] = value
     try:
         return attrs.evolve(base, **kwargs) if base is not None else cls(**kwargs)

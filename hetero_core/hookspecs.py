@@ -124,16 +124,37 @@ def register_structured_output_backends(register: Register) -> None:
 
 @hookspec
 def register_serving_backends(register: Register) -> None:
-    """Register serving backends: what the HTTP server and the batch front end talk to.
+    """Register serving backends: what the OpenAI server and its batch command talk to.
 
-    Called once per plugin when a server (or a replicated batch run) is built.
+    Called once per plugin when a server (or a batch over a serving backend) is built.
 
     :param register: call ``register(name, factory)`` for each backend.
         ``factory(config, **options)`` receives the
         :class:`~hetero_core.config.EngineConfig` and the options of
-        ``config.server.backend_options``, and returns a
-        :class:`~hetero_core.server.backend.ServingBackend`. ``config.server.backend``
+        ``server.backend_options``, and returns a serving backend (the
+        ``ServingBackend`` protocol of ``hetero_serve_openai.backend``, in the
+        ``hetero-serve-openai`` distribution). The config's ``server.backend``
         picks the name; with ``data_parallel_size`` above 1, ``data_parallel_backend`` does.
+    :return: nothing.
+    """
+
+
+@hookspec
+def register_commands(register: Register) -> None:
+    """Register commands of the ``hetero-infer`` program (``serve`` comes from ``hetero-serve-openai``).
+
+    Called once per plugin when ``hetero-infer`` reads a command name that is
+    not its own (``generate``, ``plugins``, ``bench``, ``export-tokenizer``), and by
+    ``hetero-infer plugins``.
+
+    :param register: call ``register(name, run)`` for each command.
+        ``hetero-infer NAME ARGS...`` calls ``run(argv)`` with the arguments
+        after the name, as a list of strings; the command parses them itself
+        (:func:`hetero_core.cli.options.add_engine_arguments` and
+        :func:`~hetero_core.cli.options.engine_config` give it the engine
+        flags and the config file) and returns the exit status. An exception
+        it raises is one line on stderr, as for the core's commands. A name
+        registered twice raises ``ConfigError`` naming both plugins.
     :return: nothing.
     """
 

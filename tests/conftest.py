@@ -4,17 +4,16 @@ Every test under ``tests/`` runs without the installed plugins, except
 the ``integration`` ones: the autouse fixture below hides the ``hetero_infer``
 entry points from :func:`hetero_core.plugins.create_plugin_manager`, so each
 engine, server or CLI built in-process gets a fresh plugin manager holding
-the built-in plugin (the ``simple`` tokenizer, the ``mock`` executor, the
-``local_engine`` and ``command_bridge`` serving backends) and
+the built-in plugin (the ``simple`` tokenizer and the ``mock`` executor) and
 :mod:`hetero_core.testing.reference` (the ``reference`` scheduler policy
 and cache allocator), which :func:`mock_config` names in ``plugins.load``.
 No plugin package is imported. A test that needs another plugin (the
 schedulers, the paged allocator, the Hugging Face tokenizer, the torch
-executor, the grammar engine, Ray) lives in ``tests/integration/`` (each
-test there is marked ``integration`` by the root ``conftest.py``), or, when
-it shares a module's helpers with core tests, carries the ``integration``
-marker itself (the real-model server tests in ``tests/server/``, also
-marked ``model``). Integration tests see every installed plugin.
+executor, the grammar engine, the server, Ray) lives in ``tests/integration/``
+(each test there is marked ``integration`` by the root ``conftest.py``) or in
+that plugin's own ``tests/``, or, when it shares a module's helpers with core
+tests, carries the ``integration`` marker itself. Integration tests see every
+installed plugin.
 """
 
 from __future__ import annotations

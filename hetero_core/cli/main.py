@@ -1,26 +1,21 @@
-"""``hetero-infer``: generate, chat, run a batch, serve, list plugins, benchmark, export the tokenizer."""
+"""``hetero-infer``: generate, chat, run a batch, list plugins, benchmark, export the tokenizer; plugins add commands (serve)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Callable
 
-import attrs
-
 from hetero_core.cli.bench import run_benchmark
+from hetero_core.cli.commands import plugin_command, run_command
 from hetero_core.cli.export_tokenizer import build_parser as export_parser, export_tokenizer
 from hetero_core.cli.generate import batch, chat, one_shot
 from hetero_core.cli.options import add_engine_arguments, add_sampling_arguments, engine_config, generation_params
 from hetero_core.errors import CacheMemoryError, ConfigError, EngineError, ValidationError
-from hetero_core.logs import configure_logging, get_logger
+from hetero_core.logs import configure_logging
 from hetero_core.plugins import create_plugin_manager, describe_plugins
-
-log = get_logger(__name__)
-API_KEY_ENV = "HETERO_API_KEY"
 
 EXAMPLES = """\
 examples:
@@ -28,7 +23,7 @@ examples:
   hetero-infer --chat
   hetero-infer --input-file prompts.jsonl --output-file results.jsonl
   hetero-infer --input-file prompts.jsonl --data-parallel-size 2      (replicas on Ray: hetero-serve-ray)
-  hetero-infer serve --port 8000
+  hetero-infer serve --port 8000                                      (the OpenAI server: hetero-serve-openai)
   hetero-infer serve --data-parallel-size 2 [--ray-address HOST:PORT]
   hetero-infer plugins
   hetero-infer bench serve --rate 4       (also: bench throughput, bench attention; --help for each)
@@ -41,37 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hetero-infer", description="LLM inference with pluggable backends.", epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("command", nargs="?", choices=["generate", "serve", "plugins"], default="generate")
+    parser.add_argument("command", nargs="?", choices=["generate", "plugins"], default="generate", help="or a plugin's command: serve, ...")
     parser.add_argument("--input", help="a prompt to answer (streamed to stdout)")
     parser.add_argument("--chat", action="store_true", help="interactive chat using the model's chat template")
     parser.add_argument("--raw", action="store_true", help="send --input as plain text, not as a chat message")
     parser.add_argument("--input-file", type=Path, help="prompts: text lines, or JSONL with 'prompt' or 'messages' and any parameters of their own (max_tokens, ...)")
     parser.add_argument("--output-file", type=Path, help="where --input-file results go (JSONL; default stdout)")
-    parser.add_argument("--serve", action="store_true", help="same as the 'serve' command")
-    parser.add_argument("--host", help="server address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="server port (default 8000)")
-    parser.add_argument("--api-key", help="require this bearer token (also HETERO_API_KEY)")
+    parser.add_argument("--serve", action="store_true", help="same as the 'serve' command ('hetero-infer serve --help' for its flags)")
     parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
     add_engine_arguments(parser)
     add_sampling_arguments(parser)
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, argv: list[str]) -> int:
     config = engine_config(args)
     if args.command == "plugins":
         pm = create_plugin_manager(disable=config.plugins.disable, load=config.plugins.load)
         print(json.dumps(describe_plugins(pm), indent=2))
-        return 0
-    if args.command == "serve" or args.serve:
-        from hetero_serve_openai.run import serve
-
-        if os.environ.get(API_KEY_ENV) == "" and not args.api_key and not config.server.api_key:
-            log.warning("the API key variable is set but empty: the server requires no API key", variable=API_KEY_ENV)
-        server_changes = {k: v for k, v in (("host", args.host), ("port", args.port), ("api_key", args.api_key)) if v is not None}
-        if server_changes:
-            config = config.evolve(server=attrs.evolve(config.server, **server_changes))
-        serve(config)
         return 0
     params = generation_params(args)
     if not (args.input or args.chat or args.input_file):
@@ -79,10 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if config.data_parallel_size > 1:
         if not args.input_file:
             raise ConfigError("--data-parallel-size applies to serve and --input-file, not to --input or --chat")
-        from hetero_core.cli.replicated import replicated_batch
-
-        replicated_batch(config, args.input_file, args.output_file, params)
-        return 0
+        return run_command("batch", [arg for arg in argv if arg != "generate"])  # replicas are serving backends
     from hetero_core.engine import InferenceEngine
 
     engine = InferenceEngine(config)
@@ -105,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         export_args = export_parser().parse_args(argv[1:])
         configure_logging(debug=export_args.debug, quiet=not export_args.debug)
         return guarded(lambda: export_tokenizer(export_args), debug=export_args.debug)
+    command = plugin_command(argv)
+    if command is not None:  # it configures logging itself
+        return guarded(lambda: run_command(*command), debug="--debug" in argv)
     args = build_parser().parse_args(argv)
-    configure_logging(debug=args.debug, quiet=not (args.debug or args.command == "serve" or args.serve))
-    return guarded(lambda: run(args), debug=args.debug)
+    configure_logging(debug=args.debug, quiet=not args.debug)
+    return guarded(lambda: run(args, argv), debug=args.debug)
 
 
 def guarded(action: Callable[[], int], *, debug: bool) -> int:

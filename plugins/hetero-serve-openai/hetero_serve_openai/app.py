@@ -21,6 +21,7 @@ from hetero_serve_openai.auth import APIKeyCheck, api_key
 from hetero_serve_openai.backend import ServingBackend, backend_name, create_backend
 from hetero_serve_openai.capabilities import capabilities_of
 from hetero_serve_openai.completions import add_generation_routes
+from hetero_serve_openai.config import server_config
 from hetero_serve_openai.connections import log_resource_exhaustion_once
 from hetero_serve_openai.errors import install_error_handlers
 from hetero_serve_openai.limits import BodyLimits
@@ -31,9 +32,10 @@ from hetero_serve_openai.service import Service
 
 
 def served_model_name(config: EngineConfig) -> str:
-    if config.server.model_name:
-        return config.server.model_name
-    if config.server.backend == "command_bridge":
+    server = server_config(config)
+    if server.model_name:
+        return server.model_name
+    if server.backend == "command_bridge":
         return "command-bridge"
     try:
         return resolve_model_path(config.model).stem
@@ -43,7 +45,8 @@ def served_model_name(config: EngineConfig) -> str:
 
 def create_app(config: EngineConfig, backend: ServingBackend | None = None) -> FastAPI:
     """The ASGI app; ``backend`` defaults to the one the config names (see :func:`create_backend`)."""
-    key = api_key(config.server)  # a key no client could send fails here, at start-up
+    server = server_config(config)  # a bad server key fails here, at start-up
+    key = api_key(server)  # so does a key no client could send
     backend = create_backend(config) if backend is None else backend
     capabilities_of(backend, backend_name(config))  # a misspelt capability fails at start-up, not on a request
     model_name = served_model_name(config)
@@ -55,14 +58,14 @@ def create_app(config: EngineConfig, backend: ServingBackend | None = None) -> F
         loop.set_exception_handler(log_resource_exhaustion_once())
         backend.start(loop)
         yield
-        await asyncio.to_thread(backend.stop, config.server.drain_timeout)
+        await asyncio.to_thread(backend.stop, server.drain_timeout)
 
     app = FastAPI(title="hetero-infer", version="0.1.0", lifespan=lifespan)
     app.state.backend = backend
     app.state.service = service
-    app.add_middleware(BodyLimits, max_bytes=config.server.max_body_bytes, read_timeout=config.server.read_timeout)
+    app.add_middleware(BodyLimits, max_bytes=server.max_body_bytes, read_timeout=server.read_timeout)
     if key is not None:
-        app.add_middleware(APIKeyCheck, key=key, protect_metrics_and_docs=config.server.protect_metrics_and_docs)
+        app.add_middleware(APIKeyCheck, key=key, protect_metrics_and_docs=server.protect_metrics_and_docs)
     install_error_handlers(app)
     add_routes(app, service)
     add_generation_routes(app, service)

@@ -14,8 +14,8 @@ import json
 import os
 from typing import Any
 
-from hetero_core.config import ServerConfig
 from hetero_core.errors import ConfigError
+from hetero_serve_openai.config import ServerConfig
 from hetero_serve_openai.errors import error_body
 
 API_KEY_ENV = "HETERO_API_KEY"  # the API key when the config names none

@@ -14,13 +14,14 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import pluggy
 
+from hetero_core.components import ComponentRegistry
 from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
 from hetero_core.metrics import EngineMetrics
 from hetero_core.params import GenerationParams
-from hetero_core.components import ComponentRegistry
 from hetero_core.plugins import create_plugin_manager
 from hetero_core.protocols import Tokenizer
+from hetero_serve_openai.config import server_config
 
 DEFAULT_BACKEND = "local_engine"
 SINGLE_ENGINE = ""  # the engine_metrics() key of a backend with one engine: exported without a replica label
@@ -98,11 +99,12 @@ class ServingBackend(Protocol):
 
 def backend_name(config: EngineConfig) -> str:
     """The backend ``config`` asks for: ``server.backend``, or ``data_parallel_backend`` for replicas of the local engine."""
+    backend = server_config(config).backend
     if config.data_parallel_size == 1:
-        return config.server.backend
-    if config.server.backend not in (DEFAULT_BACKEND, config.data_parallel_backend):
+        return backend
+    if backend not in (DEFAULT_BACKEND, config.data_parallel_backend):
         raise ConfigError(
-            f"data_parallel_size={config.data_parallel_size} replicates the engine; backend {config.server.backend!r}"
+            f"data_parallel_size={config.data_parallel_size} replicates the engine; backend {backend!r}"
             f" has no engine to replicate (use backend {DEFAULT_BACKEND!r} or {config.data_parallel_backend!r})",
             param="data_parallel_size",
         )
@@ -113,4 +115,4 @@ def create_backend(config: EngineConfig, *, plugin_manager: pluggy.PluginManager
     """Build the backend ``config`` names, through the ``register_serving_backends`` hook."""
     pm = plugin_manager or create_plugin_manager(disable=config.plugins.disable, load=config.plugins.load)
     registry = ComponentRegistry(pm)
-    return registry.create("serving_backend", backend_name(config), dict(config.server.backend_options), config)
+    return registry.create("serving_backend", backend_name(config), dict(server_config(config).backend_options), config)

@@ -25,10 +25,10 @@ from typing import Any, Mapping, Sequence
 
 import structlog
 
-from hetero_core.config import ServerConfig
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
+from hetero_serve_openai.config import ServerConfig
 from hetero_serve_openai.errors import APIError
 
 log = structlog.get_logger()

@@ -14,14 +14,15 @@ import attrs
 
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
+from hetero_core.protocols import Tokenizer
+from hetero_core.tool_prompt import inline_tools
 from hetero_serve_openai.backend import ServingBackend, backend_name
 from hetero_serve_openai.capabilities import capabilities_of, check_capabilities
+from hetero_serve_openai.config import server_config
 from hetero_serve_openai.errors import APIError
 from hetero_serve_openai.generation import Input, Prepare
 from hetero_serve_openai.response_size import TEXT_BYTES_PER_TOKEN, chat_size, completion_size
-from hetero_core.protocols import Tokenizer
 from hetero_serve_openai.schemas import ChatCompletionRequest, ChatRendering, CompletionRequest
-from hetero_core.tool_prompt import inline_tools
 
 CHAT_DEFAULT_MAX_TOKENS = 1024  # when the body names no limit: this, or what the context has left
 
@@ -46,7 +47,7 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
             [_prompt_size(p) for p, _ in inputs], n=params.n, max_tokens=longest, logprobs=body.logprobs,
             echo=body.echo, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
         )
-        size.check(config.server.max_response_bytes)
+        size.check(server_config(config).max_response_bytes)
         return inputs, params
 
     return prepare
@@ -86,7 +87,7 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
             max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
             top_logprobs=params.logprobs, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
         )
-        size.check(config.server.max_response_bytes)
+        size.check(server_config(config).max_response_bytes)
         return [(prompt, None) if prompt is not None else (None, messages)], params
 
     return prepare
@@ -149,7 +150,7 @@ def _check_capabilities(params: GenerationParams, backend: ServingBackend, confi
 
 
 def _check_request_size(num_inputs: int, params: GenerationParams, backend: ServingBackend, config: EngineConfig) -> None:
-    limit = config.server.max_choices_per_request
+    limit = server_config(config).max_choices_per_request
     if num_inputs * params.n > limit:
         raise APIError(
             400, f"{num_inputs} prompts x n={params.n} make {num_inputs * params.n} choices, over server.max_choices_per_request ({limit})", param="n"

@@ -26,6 +26,7 @@ from hetero_core.errors import EngineError
 from hetero_serve_openai.app import create_app
 from hetero_serve_openai.auth import api_key
 from hetero_serve_openai.backend import backend_name
+from hetero_serve_openai.config import server_config
 from hetero_serve_openai.connections import bounded_protocol, fit_to_file_limit
 from hetero_serve_openai.errors import APIError
 
@@ -47,7 +48,7 @@ class Server(uvicorn.Server):
     """uvicorn, with the drain described above; ``failure`` holds why a failed backend stopped it."""
 
     def __init__(self, app: FastAPI, config: EngineConfig, **uvicorn_options: Any) -> None:
-        server = config.server
+        server = server_config(config)
         max_connections, backlog = fit_to_file_limit(server.max_connections)
         super().__init__(
             uvicorn.Config(
@@ -102,9 +103,10 @@ class Server(uvicorn.Server):
 def serve(config: EngineConfig) -> None:
     """Serve until SIGINT/SIGTERM; raise ``EngineError`` if the backend fails."""
     app = create_app(config)
-    log.info("serving", host=config.server.host, port=config.server.port, backend=backend_name(config))
-    if not is_loopback(config.server.host) and api_key(config.server) is None:
-        log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=config.server.host)
+    server = server_config(config)
+    log.info("serving", host=server.host, port=server.port, backend=backend_name(config))
+    if not is_loopback(server.host) and api_key(server) is None:
+        log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=server.host)
     server = Server(app, config, log_level="warning")
     server.run()
     if server.failure is not None:

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import httpx
 import pytest
+from hetero_serve_openai.config import server_config
 
 from .conftest import RunningServer, mock_server_config
 
@@ -81,7 +82,7 @@ def test_the_program_gets_a_minimal_environment_and_a_string_command_is_split_li
     monkeypatch.setenv("SOME_DATABASE_PASSWORD", "hunter2")
     command = shlex.join([sys.executable, str(BRIDGE)])
     config = mock_server_config(server={"backend": "command_bridge", "command": command, "command_timeout": 5})
-    assert config.server.command == (sys.executable, str(BRIDGE))
+    assert server_config(config).command == (sys.executable, str(BRIDGE))
     with RunningServer(config) as server:
         response = httpx.post(f"{server.url}/v1/completions", json={"prompt": "ENV"}, headers={"authorization": "Bearer sekret"}, timeout=10)
         names = set(response.json()["choices"][0]["text"].split())

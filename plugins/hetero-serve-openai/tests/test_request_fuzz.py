@@ -9,7 +9,6 @@ tokens it gets alone, and every KV block is free afterwards.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from typing import Any

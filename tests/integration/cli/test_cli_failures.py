@@ -75,16 +75,6 @@ def test_component_options_and_the_cache_allocator_flag() -> None:
     assert config.tokenizer.options == {"add_bos": True}
 
 
-def test_server_keys_are_set_with_o_over_the_config_file(tmp_path) -> None:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps({"server": {"port": 9000, "command": "old-program"}}))
-    args = build_parser().parse_args(
-        ["--config", str(path), "-o", "server.backend=command_bridge", "-o", "server.command=my-bridge --fast", "-o", "server.command_timeout=5"]
-    )
-    server = engine_config(args).server
-    assert (server.backend, server.command, server.command_timeout, server.port) == ("command_bridge", ("my-bridge", "--fast"), 5, 9000)
-
-
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -92,9 +82,6 @@ def test_server_keys_are_set_with_o_over_the_config_file(tmp_path) -> None:
         (["-o", "executor.colour=red"], "executor 'mock' has no option 'colour'; accepted: vocab_size, eos_token_id, eos_probability,"),
         (["--dtype", "float32"], "--dtype is the executor's option now: use -o executor.dtype=float32"),
         (["-o", "engine.x=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator"),
-        (["-o", "server.colour=red"], "unknown config key(s) server.colour; allowed: api_key, backend, backend_options, command,"),
-        (["-o", "server.port=99999"], "port must be an integer in [0, 65535], got 99999"),
-        (["-o", "server.backend=command_bridge"], "server.command must name the program to run for backend 'command_bridge'"),
         (["-o", "server=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator, executor, structured_output, server,"),
         (["--cache-allocator", "pagd"], "unknown cache_allocator 'pagd'; installed: 'paged'"),
         (["--block-size", "1000000000"], "block_size must be an integer in [1, 1024], got 1000000000"),
@@ -136,15 +123,6 @@ def test_plugins_follows_the_config_file(tmp_path) -> None:
     listing = {p["name"]: p for p in json.loads(result.stdout)}
     assert "numba-cuda" not in listing and "torch" in listing
     assert listing["torch"]["components"]["executor"]["torch"]["dtype"] == {"type": "str", "default": "auto"}
-
-
-def test_an_empty_api_key_variable_warns(monkeypatch, capsys) -> None:
-    import hetero_serve_openai.run
-
-    monkeypatch.setenv("HETERO_API_KEY", "")
-    monkeypatch.setattr(hetero_serve_openai.run, "serve", lambda config: None)
-    assert main(["serve", *MOCK]) == 0
-    assert "the API key variable is set but empty" in capsys.readouterr().err
 
 
 def test_a_broken_plugin_does_not_break_the_commands(tmp_path) -> None:

@@ -1,9 +1,12 @@
-"""``hetero-infer --input-file FILE --data-parallel-size N``: a prompts file spread over engine replicas.
+"""``hetero-infer batch --input-file FILE``: a prompts file through the serving backend.
 
-The replicas are the serving backend ``data_parallel_backend`` names (``ray``
-from ``hetero-serve-ray``), driven through :class:`BackendClient`; the
-output has the same lines, in the same order, as a run on one engine. Lines
-that share their parameters are sent together, one such group after another.
+The backend is the one ``hetero-infer serve`` would use: ``server.backend``,
+or, with ``--data-parallel-size N`` above 1, the replicas of the backend
+``data_parallel_backend`` names (``ray`` from ``hetero-serve-ray``); the core's
+``hetero-infer --input-file FILE --data-parallel-size N`` runs this command.
+It is driven through :class:`BackendClient`; the output has the same lines,
+in the same order, as a run on one engine. Lines that share their parameters
+are sent together, one such group after another.
 """
 
 from __future__ import annotations
@@ -16,11 +19,25 @@ from pathlib import Path
 from tqdm import tqdm
 
 from hetero_core.cli.generate import read_prompts
+from hetero_core.cli.main import build_parser
+from hetero_core.cli.options import engine_config, generation_params
 from hetero_core.config import EngineConfig
+from hetero_core.errors import ConfigError
+from hetero_core.logs import configure_logging
 from hetero_core.params import GenerationParams
 from hetero_serve_openai.backend import backend_name, create_backend
 from hetero_serve_openai.client import BackendClient
 from hetero_serve_openai.generation import Choice
+
+
+def batch_command(argv: list[str]) -> int:
+    """The ``batch`` command: the generate command's flags (``hetero-infer --help``); ``--input-file`` is required."""
+    args = build_parser().parse_args(argv)
+    configure_logging(debug=args.debug, quiet=not args.debug)
+    if not args.input_file or args.input or args.chat:
+        raise ConfigError("batch takes --input-file FILE (not --input or --chat)", param="input_file")
+    replicated_batch(engine_config(args), args.input_file, args.output_file, generation_params(args))
+    return 0
 
 
 def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path | None, params: GenerationParams) -> None:
