@@ -205,10 +205,9 @@ class CacheAllocator(Protocol):
         multiple of ``block_size``, always less than ``len(token_ids)`` so the
         last token is computed again and yields logits). Without a hit it is 0.
 
-        ``sibling_of`` names a live sequence with the same prompt (another
-        sample of the request) whose blocks before the one holding the last
-        token of ``token_ids`` are computed: the table starts with those
-        blocks, shared, with or without prefix caching, and the return value
+        ``sibling_of`` names a live sequence with the same prompt whose blocks
+        before the one holding the last token are computed: the table starts
+        with those, shared even without prefix caching, and the return value
         is ``(len(token_ids) - 1) // block_size * block_size``.
         No other block is taken: :meth:`append_slots` grows the table.
         """

@@ -230,14 +230,13 @@ class Scheduler:
 
     # ------------------------------------------------------------------ parallel sampling
 
-    def place_siblings(self, first: Sequence) -> list[Sequence]:
+    def place_siblings(self, first: Sequence) -> None:
         """Once ``first`` has computed its prompt's full blocks, place its held siblings, sharing those blocks."""
         request = first.request
         if not request.held_samples or first.num_computed_tokens != self.prefill_target(first):
-            return []
+            return
         siblings, request.held_samples = request.held_samples, []
         for sibling in siblings:
             num_shared = self.allocator.allocate(sibling.seq_id, sibling.token_ids, sibling_of=first.seq_id)
             sibling.admit(num_shared)
             self.running.append(sibling)
-        return siblings

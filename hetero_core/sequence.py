@@ -45,7 +45,8 @@ class Sequence:
     """One token stream: the prompt followed by what has been generated so far.
 
     A request has one sequence per parallel sample (``n``). The scheduler
-    places sequences, not requests: each holds its own KV blocks.
+    places sequences, not requests: each has its own block table, the
+    siblings sharing the prompt's full blocks.
     ``num_computed_tokens`` counts the tokens whose KV is in the cache;
     the tokens from there up to ``len(token_ids)`` still need computing.
     """
