@@ -170,6 +170,21 @@ def test_aborting_a_request_aborts_every_sample_and_frees_every_block(steps_befo
     engine.close()
 
 
+@pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-prefix-caching"])
+def test_preempted_siblings_give_the_same_samples_and_free_every_block(caching: bool) -> None:
+    params = GenerationParams(temperature=1.0, max_tokens=24, n=4, seed=5)
+    prompts = ["preempt these samples", "and these ones too"]
+    roomy = mock_engine(cache_allocator={"name": "paged", "enable_prefix_caching": caching})
+    tight = mock_engine(max_num_blocks=24, cache_allocator={"name": "paged", "enable_prefix_caching": caching})
+    expected = [[o.token_ids for o in r.outputs] for r in roomy.generate(prompts, params)]
+    assert [[o.token_ids for o in r.outputs] for r in tight.generate(prompts, params)] == expected
+    assert tight.metrics.num_preemptions > 0
+    stats = tight.get_memory_stats()
+    assert stats.used_blocks == 0 and stats.num_sequences == 0
+    roomy.close()
+    tight.close()
+
+
 if __name__ == "__main__":
     GOLDEN.write_text(json.dumps(record(), indent=None, separators=(",", ":")) + "\n")
     sys.exit(0)
