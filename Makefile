@@ -1,15 +1,18 @@
 # hetero-infer: `make run` generates text with the embedded model, `make test` runs every test.
-# Both set up a virtual environment first (torch CPU build, the core, every plugin, the kernels).
+# Both set up a virtual environment first (torch CPU build, the core, every plugin, the kernels);
+# `make test` also proves the core alone in a second one (`make test-core`).
 
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+CORE_VENV ?= .venv-core
+CORE_BIN := $(CORE_VENV)/bin
 PLUGINS := $(sort $(dir $(wildcard plugins/*/pyproject.toml)))
 CONTRIB := $(sort $(dir $(wildcard contrib/plugin-template/pyproject.toml)))
 PROMPT ?= What is the capital of France? Answer in one sentence.
 PYTEST_ARGS ?=
 
-.PHONY: setup run test bench serve clean
+.PHONY: setup run test test-core bench serve clean
 
 $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard kernels/pyproject.toml) Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,14 +32,25 @@ $(BIN)/.kernels-compiled: $(BIN)/.installed $(wildcard kernels/hetero_kernels/*.
 
 setup: $(BIN)/.installed $(BIN)/.kernels-compiled
 
+# The core installed alone: no plugin, no torch, no web stack, no numba.
+$(CORE_BIN)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(CORE_VENV)
+	$(CORE_BIN)/python -m pip install --quiet --upgrade pip
+	$(CORE_BIN)/python -m pip install --quiet -e '.[testing]' pytest-timeout
+	touch $@
+
 run: setup
 	$(BIN)/hetero-infer --input "$(PROMPT)" --max-tokens 64 --temperature 0
 
 # The kernel and executor suites run twice: with the kernels this CPU supports, then with every
 # instruction-specific kernel turned off, as on a CPU without them (the portable paths).
-test: setup
+# test-core first: the core's own tests where nothing but the core is installed (tests/integration is not collected there).
+test: setup test-core
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 	HETERO_KERNELS_PORTABLE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile kernels/tests plugins/hetero-executor-torch/tests $(PYTEST_ARGS)
+
+test-core: $(CORE_BIN)/.installed
+	$(CORE_BIN)/python -m pytest -q tests -m "not integration"
 
 bench: setup
 	$(BIN)/python benchmarks/throughput.py --compare-hf
@@ -45,6 +59,6 @@ serve: setup
 	$(BIN)/hetero-infer serve
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .hypothesis
+	rm -rf $(VENV) $(CORE_VENV) build .pytest_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

@@ -11,6 +11,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.model_source import one_parse_per_file, parse, resolve_model_path
 
 
+@pytest.mark.integration  # the embedded model's package is installed beside the plugins (make setup), not with the core
 def test_the_embedded_model_is_found_without_importing_its_package() -> None:
     path = resolve_model_path(None)
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
