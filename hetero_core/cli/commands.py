@@ -27,7 +27,8 @@ def plugin_command(argv: list[str]) -> tuple[str, list[str]] | None:
     if argv and not argv[0].startswith("-") and argv[0] not in CORE_COMMANDS:
         return argv[0], argv[1:]
     if SERVE_FLAG in argv:
-        return "serve", [arg for arg in argv if arg != SERVE_FLAG and arg != "generate"]
+        rest = [arg for arg in argv if arg != SERVE_FLAG]
+        return "serve", rest[1:] if rest[:1] == ["generate"] else rest
     return None
 
 

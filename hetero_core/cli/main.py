@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if config.data_parallel_size > 1:
         if not args.input_file:
             raise ConfigError("--data-parallel-size applies to serve and --input-file, not to --input or --chat")
-        return run_command("batch", [arg for arg in argv if arg != "generate"])  # replicas are serving backends
+        return run_command("batch", argv)  # replicas are serving backends; batch reads the same flags
     from hetero_core.engine import InferenceEngine
 
     engine = InferenceEngine(config)
