@@ -19,23 +19,25 @@ MLP, the paged KV cache tensors, sampling). Attention comes from a backend:
   refuses ``decode_graphs=true`` with it.
 
 The executor's ``attention`` option picks one: ``auto`` (``numba`` on the
-CPU when the ``hetero_kernels`` package is installed, else ``torch``), a
-built-in name (``torch``, ``numba``), a name registered in the ``hetero_infer.attention`` entry-point
-group (its value: a callable taking no arguments that returns a backend), or,
-from Python, a backend object itself.
+CPU, ``torch`` elsewhere), a name some plugin registers through the
+``register_attention_backends`` hook (:mod:`hetero_executor_torch.hookspecs`;
+this plugin registers ``torch`` and ``numba``), or, from Python, a backend
+object itself. The names are those of the plugins the engine's config and
+the environment select (:class:`AttentionBackends`): a disabled plugin's
+backends are gone, a broken plugin's are listed as broken.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import entry_points
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-from hetero_core.errors import ConfigError
+from hetero_core.errors import ConfigError, EngineError
+from hetero_core.plugins import PluginManager, create_plugin_manager
 from hetero_core.step_layout import StepLayout
 
-ENTRY_POINT_GROUP = "hetero_infer.attention"
+HOOK = "register_attention_backends"
 
 
 @runtime_checkable
@@ -63,45 +65,93 @@ class AttentionBackend(Protocol):
         ...
 
 
-def _built_in() -> dict[str, Callable[[], AttentionBackend]]:
-    from hetero_executor_torch.attention import TorchAttention
-    from hetero_executor_torch.kernel_attention import NumbaCpuAttention
+class AttentionBackends:
+    """The attention backends that the plugins of one plugin manager register, by name.
 
-    return {"torch": TorchAttention, "numba": NumbaCpuAttention}
+    A plugin whose hook raises is marked broken (its backends left out), as
+    for the core's discovery hooks; a name registered twice is a
+    ``ConfigError`` naming both plugins.
+    """
+
+    def __init__(self, pm: PluginManager) -> None:
+        self._pm = pm
+        self._factories: dict[str, tuple[Callable[[], AttentionBackend], str]] = {}  # name -> (factory, plugin)
+        hook = getattr(pm.hook, HOOK, None)  # absent when the torch plugin itself is not loaded
+        for impl in hook.get_hookimpls() if hook is not None else ():
+            try:
+                impl.function(register=self._register_callback(impl.plugin_name))
+            except ConfigError:
+                raise
+            except Exception as exc:  # a broken plugin harms only itself
+                self._factories = {name: entry for name, entry in self._factories.items() if entry[1] != impl.plugin_name}
+                pm.mark_broken(impl.plugin_name, f"its {HOOK} hook raised {type(exc).__name__}: {exc}")
+
+    @classmethod
+    def for_config(cls, config: Any) -> AttentionBackends:
+        """The backends of the plugins that ``config.plugins`` and the environment select, as the engine's are."""
+        return cls(create_plugin_manager(disable=config.plugins.disable, load=config.plugins.load))
+
+    def _register_callback(self, plugin: str) -> Callable[..., None]:
+        def register(name: str, factory: Callable[[], AttentionBackend]) -> None:
+            if not isinstance(name, str) or not name or name == "auto":
+                raise ConfigError(f"plugin {plugin!r} registered an attention backend with an invalid name {name!r}")
+            if not callable(factory):
+                raise ConfigError(f"plugin {plugin!r} registered attention backend {name!r} with a factory that is not callable")
+            if name in self._factories:
+                raise ConfigError(
+                    f"attention backend {name!r} is registered twice: by plugin {self._factories[name][1]!r} and by plugin {plugin!r};"
+                    " disable one of them (HETERO_DISABLE_PLUGINS or plugins.disable)"
+                )
+            self._factories[name] = (factory, plugin)
+
+        return register
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def plugin(self, name: str) -> str:
+        """The plugin that registers backend ``name``."""
+        return self._factories[name][1]
+
+    def create(self, name: str) -> AttentionBackend:
+        """A new backend ``name``; ``ConfigError`` listing the names on offer when none is registered so."""
+        if name not in self._factories:
+            raise ConfigError(f"executor option attention must be one of auto, {', '.join(self.names())}; got {name!r}{self._why_missing(name)}", param="attention")
+        factory, plugin = self._factories[name]
+        try:
+            backend = factory()
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"attention backend {name!r} (plugin {plugin!r}) failed to start: {type(exc).__name__}: {exc}", param="attention") from exc
+        if not isinstance(backend, AttentionBackend):
+            raise ConfigError(f"attention backend {name!r} (plugin {plugin!r}) does not provide the AttentionBackend interface", param="attention")
+        return backend
+
+    def _why_missing(self, name: str) -> str:
+        """A hint when a disabled or broken plugin may be the one that provides ``name``."""
+        for plugin, load in self._pm.disabled.items():
+            provided: list[str] = []
+            try:
+                hook = getattr(load(), HOOK, None)
+                if hook is not None:
+                    hook(register=lambda registered, *_args: provided.append(registered))
+            except Exception:  # a disabled plugin may well be broken too: then it provides nothing
+                continue
+            if name in provided:
+                return f"; attention backend {name!r} is provided by plugin {plugin!r}, which is disabled (HETERO_DISABLE_PLUGINS or plugins.disable)"
+        if self._pm.broken:
+            return "; broken plugins, which may provide it: " + "; ".join(f"{p!r} ({why})" for p, why in sorted(self._pm.broken.items()))
+        return ""
 
 
-def available() -> dict[str, Callable[[], AttentionBackend]]:
-    """Every backend name with its factory: the built-in ones, then the entry points' (a built-in name is not overridden)."""
-    factories: dict[str, Callable[[], AttentionBackend]] = {}
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        factories[point.name] = point.load
-    return {**{name: _load(load) for name, load in factories.items()}, **_built_in()}
-
-
-def _load(load: Callable[[], Any]) -> Callable[[], AttentionBackend]:
-    return lambda: load()()
-
-
-def _kernels_installed() -> bool:
-    try:
-        import hetero_kernels  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def resolve(attention: str | AttentionBackend, device: torch.device) -> AttentionBackend:
-    """The backend named by ``attention`` (``auto``: the fastest one for ``device``), or ``attention`` itself when it is a backend."""
-    if attention == "auto":
-        attention = "numba" if device.type == "cpu" and _kernels_installed() else "torch"
+def resolve(attention: str | AttentionBackend, device: torch.device, backends: AttentionBackends | None = None) -> AttentionBackend:
+    """The backend named by ``attention`` among ``backends`` (by default those of the installed plugins; ``auto``:
+    the fastest one for ``device``), or ``attention`` itself when it is a backend."""
     if not isinstance(attention, str):
         if not isinstance(attention, AttentionBackend):
             raise ConfigError(f"executor option attention must be a backend name or an AttentionBackend; got {attention!r}", param="attention")
         return attention
-    factories = available()
-    if attention not in factories:
-        raise ConfigError(f"executor option attention must be one of {', '.join(sorted(factories))}; got {attention!r}", param="attention")
-    backend = factories[attention]()
-    if not isinstance(backend, AttentionBackend):
-        raise ConfigError(f"attention backend {attention!r} does not provide the AttentionBackend interface", param="attention")
-    return backend
+    if attention == "auto":
+        attention = "numba" if device.type == "cpu" else "torch"
+    return (backends or AttentionBackends(create_plugin_manager())).create(attention)

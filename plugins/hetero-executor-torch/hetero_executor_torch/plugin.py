@@ -1,4 +1,4 @@
-"""Registers the ``torch`` executor, with its options."""
+"""The ``torch`` plugin: adds the attention-backend hook, registers the built-in backends and the ``torch`` executor."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ import attrs
 from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
 from hetero_core.validators import boolean, number_in, one_of, optional
-from hetero_executor_torch.attention_backend import AttentionBackend, available
-from hetero_executor_torch.executor import TorchExecutor
+from hetero_executor_torch import hookspecs
+from hetero_executor_torch.attention import TorchAttention
+from hetero_executor_torch.attention_backend import AttentionBackend, AttentionBackends, resolve
+from hetero_executor_torch.executor import TorchExecutor, resolve_device
+from hetero_executor_torch.kernel_attention import NumbaCpuAttention
 from hetero_executor_torch.quantized import WEIGHT_FORMATS
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -29,7 +32,7 @@ def _decode_graphs(_instance: Any, attribute: Any, value: Any) -> None:
 def _attention(_instance: Any, attribute: Any, value: Any) -> None:
     """A backend name (resolved, with the names on offer, when the executor is built) or, from Python, a backend."""
     if not (isinstance(value, str) and value or isinstance(value, AttentionBackend)):
-        raise ConfigError(f"{attribute.name} must be auto or an attention backend name ({', '.join(sorted(available()))}), got {value!r}", param=attribute.name)
+        raise ConfigError(f"{attribute.name} must be auto, an attention backend name or an AttentionBackend, got {value!r}", param=attribute.name)
 
 
 @attrs.frozen
@@ -47,6 +50,24 @@ class TorchExecutorOptions:
     small_batch_kernels: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
 
 
+def torch_executor(config: Any, attention: str | AttentionBackend = "auto", device: str = "auto", **options: Any) -> TorchExecutor:
+    """The ``torch`` executor, its ``attention`` name resolved among the backends of the plugins ``config`` selects."""
+    if isinstance(attention, str):
+        attention = resolve(attention, resolve_device(device), AttentionBackends.for_config(config))
+    return TorchExecutor(config, attention=attention, device=device, **options)
+
+
+@hookimpl
+def hetero_add_hookspecs(pluginmanager: Any) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def register_attention_backends(register: Register) -> None:
+    register("torch", TorchAttention)
+    register("numba", NumbaCpuAttention)
+
+
 @hookimpl
 def register_executors(register: Register) -> None:
-    register("torch", TorchExecutor, options=TorchExecutorOptions)
+    register("torch", torch_executor, options=TorchExecutorOptions)
