@@ -1,6 +1,6 @@
-"""The ``numba-cuda`` executor and attention backend for hetero-infer."""
+"""The ``numba-cuda`` attention backend for the ``torch`` executor, and the ``numba-cuda`` executor preset."""
 
 from hetero_executor_numba.attention import NumbaCudaAttention
-from hetero_executor_numba.executor import numba_cuda_executor
+from hetero_executor_numba.plugin import numba_cuda_executor
 
 __all__ = ["NumbaCudaAttention", "numba_cuda_executor"]

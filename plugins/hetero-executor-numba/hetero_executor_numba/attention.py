@@ -13,7 +13,7 @@ import torch
 from numba import config as numba_config
 
 from hetero_core.errors import ConfigError
-from hetero_executor_torch.kernel_attention import KernelAttention
+from hetero_executor_torch import KernelAttention
 
 
 def simulator_enabled() -> bool:

@@ -1,26 +1,65 @@
-"""Registers the ``numba-cuda`` executor, with its options."""
+"""Registers the ``numba-cuda`` attention backend, and the ``numba-cuda`` executor: a preset of the ``torch`` executor.
+
+The preset is ``{"name": "torch", "attention": "numba-cuda"}`` with defaults
+for these kernels: ``device`` ``auto`` is the GPU (the CPU under the CUDA
+simulator), and ``dtype`` ``auto`` is float32 under the simulator. Every
+other option is the ``torch`` executor's, with its meaning.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+import torch
 
+from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
-from hetero_executor_numba.executor import numba_cuda_executor
-from hetero_executor_torch.plugin import TorchExecutorOptions
+from hetero_executor_numba.attention import NumbaCudaAttention, simulator_enabled
+from hetero_executor_torch import TorchExecutor, TorchExecutorOptions, resolve_device
 
-# The torch executor's options but ``attention`` (always the Numba CUDA kernels here), ``weights``, ``dense_copy`` and
-# ``small_batch_kernels`` (the packed weight formats are CPU kernels; on CUDA weights are dense).
-NumbaCudaExecutorOptions = attrs.make_class(
-    "NumbaCudaExecutorOptions",
-    {
-        f.name: attrs.field(default=f.default, validator=f.validator, type=f.type)
-        for f in attrs.fields(TorchExecutorOptions)
-        if f.name not in ("attention", "weights", "dense_copy", "small_batch_kernels")
-    },
-    frozen=True,
-)
+NAME = NumbaCudaAttention.name
+
+
+@attrs.frozen
+class NumbaCudaExecutorOptions(TorchExecutorOptions):
+    """The ``torch`` executor's options, ``attention`` this plugin's backend."""
+
+    attention: str = NAME
+
+
+def numba_cuda_executor(config: Any, dtype: str = "auto", device: str = "auto", attention: str = NAME, **options: Any) -> TorchExecutor:
+    """The ``torch`` executor with the ``numba-cuda`` attention backend, on the GPU (see the module's docstring)."""
+    if attention != NAME:
+        raise ConfigError(f"executor 'numba-cuda' runs attention {NAME!r}, not {attention!r}; for another backend use executor 'torch'", param="attention")
+    return TorchExecutor(config, dtype=_dtype(dtype), device=_device(device), attention=NumbaCudaAttention(), **options)
+
+
+def _dtype(dtype: str) -> str:
+    if dtype == "auto" and (simulator_enabled() or not torch.cuda.is_available()):
+        return "float32"  # the simulator computes on host memory
+    return dtype
+
+
+def _device(device: str) -> str:
+    if simulator_enabled():
+        return "cpu"  # the simulator runs the kernels on host memory
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "executor 'numba-cuda' needs a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 to run its kernels on the simulator); use executor 'torch' on the CPU",
+            param="executor",
+        )
+    resolved = resolve_device("cuda" if device == "auto" else device)
+    if resolved.type != "cuda":
+        raise ConfigError(f"executor 'numba-cuda' runs on CUDA devices, not {device!r}", param="device")
+    return str(resolved)
+
+
+@hookimpl
+def register_attention_backends(register: Register) -> None:
+    register(NAME, NumbaCudaAttention)
 
 
 @hookimpl
 def register_executors(register: Register) -> None:
-    register("numba-cuda", numba_cuda_executor, options=NumbaCudaExecutorOptions)
+    register(NAME, numba_cuda_executor, options=NumbaCudaExecutorOptions)

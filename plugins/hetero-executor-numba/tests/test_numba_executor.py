@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -42,14 +43,22 @@ def torch_outputs(model: Path) -> list[tuple[list[int], list[float]]]:
     return [(r.generated_tokens, [e.logprob for e in r.prompt_logprobs[1:]]) for r in records]
 
 
-@pytest.mark.parametrize("decode_graphs", [False, True], ids=["eager", "graphs"])
-def test_same_greedy_tokens_as_the_torch_executor(tiny_model, decode_graphs: bool) -> None:
+@pytest.mark.parametrize(
+    "executor",
+    [
+        {"name": "numba-cuda", "dtype": "float32", "decode_graphs": False},
+        {"name": "numba-cuda", "dtype": "float32", "decode_graphs": True},
+        {"name": "torch", "attention": "numba-cuda", "dtype": "float32", "decode_graphs": False},
+    ],
+    ids=["eager", "graphs", "torch-executor"],
+)
+def test_same_greedy_tokens_as_the_torch_executor(tiny_model, executor: dict) -> None:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"} if not torch.cuda.is_available() else dict(os.environ)
-    arguments = [str(tiny_model), json.dumps(PROMPTS), json.dumps(decode_graphs)]
+    arguments = [str(tiny_model), json.dumps(PROMPTS), json.dumps(executor)]
     result = subprocess.run([sys.executable, str(SCRIPT), *arguments], env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     got = json.loads(result.stdout.strip().splitlines()[-1])
-    assert (got["graphs"] > 0) == decode_graphs  # a failed capture would have turned them off
+    assert (got["graphs"] > 0) == executor["decode_graphs"]  # a failed capture would have turned them off
     assert got["fused"] == "hetero_kernels.cuda_fused"  # norms, RoPE with the cache write, SwiGLU: one kernel each
     for (tokens, logprobs), (expected_tokens, expected_logprobs) in zip(got["outputs"], torch_outputs(tiny_model), strict=True):
         assert tokens == expected_tokens
@@ -70,6 +79,24 @@ def test_the_torch_executor_finds_the_backend_by_name_and_refuses_it_without_a_g
 
     with pytest.raises(ConfigError, match="'numba-cuda' runs the Numba CUDA kernels") as raised:
         TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", attention="numba-cuda")
+    assert raised.value.param == "attention"
+
+
+def test_the_preset_takes_the_torch_executors_options_with_this_backend() -> None:
+    from hetero_executor_numba.plugin import NumbaCudaExecutorOptions
+    from hetero_executor_torch import TorchExecutorOptions
+
+    assert sorted(f.name for f in attrs.fields(NumbaCudaExecutorOptions)) == sorted(f.name for f in attrs.fields(TorchExecutorOptions))
+    assert NumbaCudaExecutorOptions().attention == "numba-cuda"
+    with pytest.raises(ConfigError, match="kv_cache_dtype"):
+        NumbaCudaExecutorOptions(kv_cache_dtype="float64")
+
+
+def test_the_preset_refuses_another_attention_backend(tiny_model) -> None:
+    from hetero_executor_numba import numba_cuda_executor
+
+    with pytest.raises(ConfigError, match="runs attention 'numba-cuda', not 'torch'; for another backend use executor 'torch'") as raised:
+        numba_cuda_executor(EngineConfig(model=str(tiny_model)), attention="torch")
     assert raised.value.param == "attention"
 
 
