@@ -192,6 +192,8 @@ def installed_listing() -> dict[str, dict]:
         ("hetero-executor-numba", "numba-cuda", {"executor": ["numba-cuda"], "attention_backend": ["numba-cuda"]}),
         ("hetero-tokenizer-hf", "huggingface", {"tokenizer": ["huggingface"]}),
         ("hetero-structured-llguidance", "structured-llguidance", {"structured_output": ["llguidance"]}),
+        ("hetero-serve-openai", "serve-openai", {"serving_backend": ["command_bridge", "local_engine"], "command": ["batch", "serve"]}),
+        ("hetero-serve-ray", "serve-ray", {"serving_backend": ["ray"]}),
     ],
 )
 def test_the_project_plugins_are_found_through_entry_points(
