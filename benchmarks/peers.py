@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import torch
-from hetero_executor_torch.executor import resolve_device
+from hetero_executor_torch import resolve_device
 
 from workload import Request
 

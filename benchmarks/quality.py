@@ -44,8 +44,7 @@ from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
-from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.executor import resolve_device
+from hetero_executor_torch import TorchExecutor, resolve_device
 from hetero_core.step_layout import layout
 
 CHATS = [
