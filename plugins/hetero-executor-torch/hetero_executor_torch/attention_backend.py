@@ -154,4 +154,6 @@ def resolve(attention: str | AttentionBackend, device: torch.device, backends: A
         return attention
     if attention == "auto":
         attention = "numba" if device.type == "cpu" else "torch"
-    return (backends or AttentionBackends(create_plugin_manager())).create(attention)
+    if backends is None:
+        backends = AttentionBackends(create_plugin_manager())
+    return backends.create(attention)
