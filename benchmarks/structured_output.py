@@ -25,7 +25,7 @@ import attrs
 
 from hetero_core.model_source import resolve_model_path
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
-from hetero_serve_openai.tools import FunctionDefinition, calls_grammar
+from hetero_serve_openai.tools import FunctionDefinition, tool_calls_constraint
 from hetero_core.structured_output import StructuredOutput, new_bitmask
 from hetero_core.testing.structured_output import Walker
 from hetero_tokenizer_hf import load_tokenizer
@@ -44,7 +44,7 @@ def constraints() -> dict[str, StructuredOutput]:
     weather = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}
     hours = {"type": "object", "properties": {"hours_ahead": {"type": "integer", "minimum": 0, "maximum": 12}}}
     functions = [FunctionDefinition(name="get_weather", parameters=weather), FunctionDefinition(name="get_time", parameters=hours)]
-    built["tool call, 2 functions"] = StructuredOutput.grammar(calls_grammar(functions, several=False))
+    built["tool call, 2 functions"] = tool_calls_constraint(functions, several=False)
     return built
 
 

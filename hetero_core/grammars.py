@@ -25,11 +25,17 @@ import numpy as np
 
 from hetero_core.components import ComponentRegistry
 from hetero_core.config import EngineConfig
-from hetero_core.errors import EngineError, ExecutionError
+from hetero_core.errors import EngineError, ExecutionError, ValidationError
 from hetero_core.logs import get_logger
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import Sequence
-from hetero_core.structured_output import BatchMaskFiller, StructuredOutput, StructuredOutputBackend, new_bitmask
+from hetero_core.structured_output import (
+    BatchMaskFiller,
+    ConstraintKind,
+    StructuredOutput,
+    StructuredOutputBackend,
+    new_bitmask,
+)
 
 log = get_logger(__name__)
 
@@ -55,8 +61,18 @@ class Grammars:
             return self._backend
 
     def compile(self, constraint: StructuredOutput) -> Any:
-        """The compiled grammar of a request's constraint (``ValidationError`` when it cannot be compiled)."""
+        """The compiled grammar of a request's constraint (``ValidationError`` when it cannot be compiled).
+
+        A grammar in a dialect the backend does not read is refused here, naming both.
+        """
         backend = self.backend()
+        if constraint.kind is ConstraintKind.GRAMMAR and constraint.value.dialect not in backend.grammar_dialects:
+            reads = ", ".join(map(repr, backend.grammar_dialects)) or "none"
+            raise ValidationError(
+                f"structured_output: the structured-output backend {self._config.structured_output.name!r} does not read"
+                f" grammars in the {constraint.value.dialect!r} dialect (it reads: {reads})",
+                param="structured_output",
+            )
         try:
             return backend.compile(constraint)
         except EngineError:

@@ -18,6 +18,7 @@ from hetero_core.hookspecs import hookimpl
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 from hetero_core.structured_output import StructuredOutput
+from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 from ..test_engine_faults import engine_with
 
@@ -38,10 +39,19 @@ def check_schema(text: str) -> None:
     assert isinstance(value["n"], int)
 
 
+def check_tool_call(text: str) -> None:
+    assert text.startswith(TOOL_CALL_OPEN + "\n") and text.endswith("\n" + TOOL_CALL_CLOSE), text
+    call = json.loads(text[len(TOOL_CALL_OPEN) : -len(TOOL_CALL_CLOSE)])
+    assert call["name"] == "describe", call
+    check_schema(json.dumps(call["arguments"]))
+
+
 CONSTRAINTS = [
     (StructuredOutput.json_schema(SCHEMA), check_schema),
     (StructuredOutput.regex(PATTERN), lambda text: re.fullmatch(PATTERN, text) or pytest.fail(text)),
     (StructuredOutput.choice(CHOICES), lambda text: text in CHOICES or pytest.fail(text)),
+    (StructuredOutput.grammar(f'start: "#" /{PATTERN}/'), lambda text: re.fullmatch("#" + PATTERN, text) or pytest.fail(text)),
+    (StructuredOutput.tool_calls({"describe": SCHEMA}), check_tool_call),
 ]
 
 
@@ -58,7 +68,7 @@ def engine():
     engine.close()
 
 
-@pytest.mark.parametrize(("constraint", "check"), CONSTRAINTS, ids=["schema", "regex", "choice"])
+@pytest.mark.parametrize(("constraint", "check"), CONSTRAINTS, ids=["schema", "regex", "choice", "grammar", "tool_call"])
 def test_every_sample_satisfies_its_constraint(engine, constraint, check) -> None:
     params = GenerationParams(max_tokens=400, temperature=1.0, n=4, seed=3, structured_output=constraint)
     (record,) = engine.generate(["describe it"], params)
@@ -116,6 +126,13 @@ def test_a_constraint_that_does_not_compile_is_rejected_at_submission(engine) ->
         with pytest.raises(ValidationError) as info:
             engine.submit_request("x", GenerationParams(structured_output=constraint))
         assert info.value.param == "structured_output"
+    assert not engine.has_pending_work()
+
+
+def test_a_grammar_in_a_dialect_the_backend_does_not_read_is_refused_by_name(engine) -> None:
+    with pytest.raises(ValidationError, match="backend 'llguidance' does not read grammars in the 'ebnf' dialect .it reads: 'lark', 'gbnf'") as info:
+        engine.submit_request("x", GenerationParams(structured_output=StructuredOutput.grammar('root ::= "x"', dialect="ebnf")))
+    assert info.value.param == "structured_output"
     assert not engine.has_pending_work()
 
 

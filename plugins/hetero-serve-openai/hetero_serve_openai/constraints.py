@@ -11,21 +11,26 @@ A request names at most one constraint, through exactly one of:
 - vLLM's older fields ``guided_json``, ``guided_regex``, ``guided_choice``,
   ``guided_grammar``.
 
+A grammar is GBNF when a line defines a rule with ``::=``, else Lark; the
+structured-output backend refuses a dialect it does not read.
+
 Two sources at once are a 400 naming the second, never a silent choice.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hetero_core.structured_output import StructuredOutput
 from hetero_serve_openai.errors import APIError
 from hetero_serve_openai.fields import STRICT
 from hetero_serve_openai.strict import strict_schema
-from hetero_core.structured_output import StructuredOutput
 
 STRICT_BY_NAME = ConfigDict(**STRICT, populate_by_name=True)
+GBNF_RULE = re.compile(r"^\s*[A-Za-z][\w-]*\s*::=", re.MULTILINE)
 
 
 class JsonSchemaFormat(BaseModel):
@@ -85,7 +90,7 @@ def constraint_of(kind: str, value: Any) -> StructuredOutput:
         return StructuredOutput.regex(value)
     if kind == "choice":
         return StructuredOutput.choice(value)
-    return StructuredOutput.grammar(value)
+    return StructuredOutput.grammar(value, dialect="gbnf" if GBNF_RULE.search(value) else "lark")
 
 
 class ConstraintFields(BaseModel):

@@ -7,7 +7,7 @@ with tools, ``none`` without):
 - ``auto``: the model is shown the tools and may call them; ``<tool_call>``
   blocks in its text become ``tool_calls`` (see :mod:`hetero_serve_openai.tool_parser`).
   When a function is ``strict``, the text is free but each call the model
-  opens is constrained like a forced one (:func:`auto_calls_grammar`);
+  opens is constrained like a forced one;
 - ``required``: the output is constrained to one or more calls (exactly one
   when ``parallel_tool_calls`` is false) of the listed functions, each with
   arguments valid against its ``parameters`` schema;
@@ -15,33 +15,29 @@ with tools, ``none`` without):
   that function, with valid arguments.
 
 Forced calls are generated in the default ``<tool_call>`` convention of
-:mod:`hetero_core.tool_prompt`, constrained by a Lark grammar that embeds each
-function's schema, so any model's output parses into valid calls holding the
-declared parameters; a function with ``strict: true`` has every object of its
-schema closed to the keys it lists (:mod:`hetero_serve_openai.strict`).
+:mod:`hetero_core.tool_prompt`, constrained by the core's tool-call constraint
+(:meth:`StructuredOutput.tool_calls <hetero_core.structured_output.StructuredOutput.tool_calls>`),
+which the structured-output backend compiles into its own grammar: any
+model's output parses into valid calls holding the declared parameters; a
+function with ``strict: true`` has every object of its schema closed to the
+keys it lists (:mod:`hetero_serve_openai.strict`).
 OpenAI's deprecated ``functions`` and ``function_call`` are refused with a
 400 that points to ``tools`` and ``tool_choice``.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any, Literal
 
 import attrs
 from pydantic import BaseModel, Field, field_validator
 
+from hetero_core.structured_output import NO_ARGUMENTS, StructuredOutput
 from hetero_serve_openai.errors import APIError
 from hetero_serve_openai.fields import STRICT, JSONObject, Text
 from hetero_serve_openai.strict import strict_schema
-from hetero_core.structured_output import StructuredOutput
-from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
-NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # no arguments
-OPEN = json.dumps(TOOL_CALL_OPEN)
-COMPACT_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # as json.dumps writes it
 
 
 class FunctionDefinition(BaseModel):
@@ -129,50 +125,34 @@ class ToolFields(BaseModel):
         if choice == "auto":
             if not any(function.strict for function in functions.values()):
                 return ToolPlan(shown, frozenset(functions), None, True)
-            grammar = auto_calls_grammar(list(functions.values()), several=self.parallel_tool_calls)
-            return ToolPlan(shown, frozenset(functions), StructuredOutput.grammar(grammar), True)
+            constraint = tool_calls_constraint(list(functions.values()), several=self.parallel_tool_calls, free_text=True)
+            return ToolPlan(shown, frozenset(functions), constraint, True)
         if choice == "required":
-            grammar = calls_grammar(list(functions.values()), several=self.parallel_tool_calls)
+            constraint = tool_calls_constraint(list(functions.values()), several=self.parallel_tool_calls)
         else:
             if choice.function.name not in functions:
                 raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
-            grammar = calls_grammar([functions[choice.function.name]], several=False)
-        return ToolPlan(shown, frozenset(functions), StructuredOutput.grammar(grammar), True, is_forced=True)
+            constraint = tool_calls_constraint([functions[choice.function.name]], several=False)
+        return ToolPlan(shown, frozenset(functions), constraint, True, is_forced=True)
 
 
-def calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
-    """A Lark grammar (llguidance's dialect, with ``%json`` schemas) for one call, or calls, of ``functions``."""
-    start = f'start: {OPEN} call ("\\n" {OPEN} call)*' if several else f"start: {OPEN} call"
-    return "\n".join([start, *_call_rules(functions)])
+def tool_calls_constraint(functions: list[FunctionDefinition], *, several: bool, free_text: bool = False) -> StructuredOutput:
+    """Calls of ``functions`` (one, or ``several``; alone, or in ``free_text``), each with its :func:`arguments_schema`."""
+    schemas = {function.name: arguments_schema(function) for function in functions}
+    return StructuredOutput.tool_calls(schemas, several=several, free_text=free_text)
 
 
-def auto_calls_grammar(functions: list[FunctionDefinition], *, several: bool) -> str:
-    """Free text in which each call, once the model opens it, is one of ``functions`` with valid arguments.
+def arguments_schema(function: FunctionDefinition) -> dict[str, Any]:
+    """The schema a call's arguments must satisfy.
 
-    The text between calls is any text without the opening tag; the opening tag
-    ends the text before it, so the lexer never has to guess where a call begins.
+    The top-level object holds only the declared parameters unless its schema
+    says ``additionalProperties`` (small models pad them otherwise); a
+    ``strict`` function has every object of its schema closed
+    (:func:`~hetero_serve_openai.strict.strict_schema`).
     """
-    no_open_tag = f"/(?s:.*)/ & ~/(?s:.*){re.escape(TOOL_CALL_OPEN)}(?s:.*)/"
-    start = "start: (TEXT_THEN_OPEN call)* TEXT" if several else "start: (TEXT_THEN_OPEN call)? TEXT"
-    return "\n".join([start, f"TEXT: {no_open_tag}", f"TEXT_THEN_OPEN: TEXT {OPEN}", *_call_rules(functions)])
-
-
-def _call_rules(functions: list[FunctionDefinition]) -> list[str]:
-    """``call``: what follows the opening tag, for any of ``functions``.
-
-    The arguments' top-level object holds only the declared parameters unless
-    its schema says ``additionalProperties``; a ``strict`` function has every
-    object of its schema closed (:func:`~hetero_serve_openai.strict.strict_schema`).
-    """
-    rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(functions)))]
-    for number, function in enumerate(functions):
-        schema = dict(function.parameters if function.parameters is not None else NO_PARAMETERS)
-        if function.strict:
-            schema = strict_schema(schema)
-        elif "properties" in schema:  # a call's arguments are its declared parameters (small models pad them otherwise)
-            schema.setdefault("additionalProperties", False)
-        schema["x-guidance"] = COMPACT_JSON
-        head = f'\n{{"name": "{function.name}", "arguments": '
-        rules.append(f"call_{number}: {json.dumps(head)} args_{number} {json.dumps('}' + chr(10) + TOOL_CALL_CLOSE)}")
-        rules.append(f"args_{number}: %json {json.dumps(schema)}")
-    return rules
+    schema = dict(function.parameters if function.parameters is not None else NO_ARGUMENTS)
+    if function.strict:
+        return strict_schema(schema)
+    if "properties" in schema:
+        schema.setdefault("additionalProperties", False)
+    return schema

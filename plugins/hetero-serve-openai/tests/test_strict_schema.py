@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from hetero_serve_openai.constraints import ResponseFormat
 from hetero_serve_openai.strict import strict_schema
-from hetero_serve_openai.tools import FunctionDefinition, ToolFields, auto_calls_grammar, calls_grammar
+from hetero_serve_openai.tools import FunctionDefinition, ToolFields, arguments_schema, tool_calls_constraint
 
 OPEN_POINT = {"type": "object", "properties": {"x": {"type": "integer"}}}
 CLOSED_POINT = {"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": False}
@@ -63,13 +62,15 @@ def test_response_format_closes_objects_only_under_strict(strict, expected) -> N
 @pytest.mark.parametrize(("strict", "num_closed"), [(True, 2), (False, 1), (None, 1)])
 def test_a_call_holds_its_declared_parameters_and_strict_closes_nested_objects_too(strict, num_closed) -> None:
     function = FunctionDefinition.model_validate({"name": "f", "parameters": {"type": "object", "properties": {"p": OPEN_POINT}}, "strict": strict})
-    for grammar in (calls_grammar([function], several=False), auto_calls_grammar([function], several=False)):
-        assert grammar.count('"additionalProperties": false') == num_closed, grammar
+    for free_text in (False, True):
+        (called,) = tool_calls_constraint([function], several=False, free_text=free_text).value.functions
+        assert called.schema == arguments_schema(function)
+        assert called.parameters.count('"additionalProperties":false') == num_closed, called.parameters
 
 
 def test_a_function_without_parameters_takes_no_arguments() -> None:
-    grammar = calls_grammar([FunctionDefinition(name="f")], several=False)
-    assert '%json {"type": "object", "properties": {}, "additionalProperties": false' in grammar
+    (called,) = tool_calls_constraint([FunctionDefinition(name="f")], several=False).value.functions
+    assert called.schema == {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @pytest.mark.parametrize(("strict", "constrained"), [(True, True), (False, False), (None, False)])
@@ -79,4 +80,4 @@ def test_auto_is_constrained_once_a_function_is_strict(strict, constrained) -> N
     plan = tools.tool_plan(has_structured_output=False)
     assert plan.parses_calls and not plan.is_forced and (plan.constraint is not None) is constrained
     if constrained:
-        assert plan.constraint.value == auto_calls_grammar([tool.function for tool in tools.tools], several=True)
+        assert plan.constraint == tool_calls_constraint([tool.function for tool in tools.tools], several=True, free_text=True)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, strategies as st
+from hetero_serve_openai.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
+from hetero_serve_openai.tools import FunctionDefinition, tool_calls_constraint
+from hetero_structured_llguidance import LLGuidanceBackend
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hetero_core.builtin.simple_tokenizer import SimpleTokenizer
-from hetero_serve_openai.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
-from hetero_serve_openai.tools import FunctionDefinition, auto_calls_grammar, calls_grammar
-from hetero_core.structured_output import StructuredOutput
 from hetero_core.tool_prompt import TOOL_CALL_OPEN, tool_call_block
-from hetero_structured_llguidance import LLGuidanceBackend
 
 NAMES = frozenset({"get_weather", "get_time"})
 
@@ -108,7 +108,7 @@ def test_the_forced_call_grammar_admits_only_declared_parameters() -> None:
     free = FunctionDefinition(name="get_time", parameters={"type": "object"}, strict=True)
 
     def accepts(function: FunctionDefinition, arguments: dict) -> bool:
-        matcher = backend.new_matcher(backend.compile(StructuredOutput.grammar(calls_grammar([function], several=False))))
+        matcher = backend.new_matcher(backend.compile(tool_calls_constraint([function], several=False)))
         return all(matcher.accept_token(t) for t in SimpleTokenizer().encode(tool_call_block("get_time", arguments), add_special_tokens=False))
 
     for function in (strict, plain):  # the top level holds the declared parameters
@@ -125,8 +125,7 @@ def test_under_auto_the_text_is_free_and_each_call_a_strict_function_opens_is_co
     call = tool_call_block("get_time", {"zone": "UTC"})
 
     def accepts(text: str, *, several: bool = True) -> bool:
-        grammar = auto_calls_grammar([strict], several=several)
-        matcher = backend.new_matcher(backend.compile(StructuredOutput.grammar(grammar)))
+        matcher = backend.new_matcher(backend.compile(tool_calls_constraint([strict], several=several, free_text=True)))
         taken = all(matcher.accept_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
         return taken and matcher.accept_token(tokenizer.eos_token_id)  # and the text may end there
 

@@ -19,6 +19,7 @@ from hetero_core.logs import get_logger
 from hetero_core.protocols import Tokenizer
 from hetero_core.structured_output import ConstraintKind, StructuredOutput, allowed_token_ids, num_bitmask_words
 from hetero_structured_llguidance.limits import GrammarLimits, passed_bound, refusal
+from hetero_structured_llguidance.tool_calls import tool_calls_grammar
 from hetero_structured_llguidance.vocabulary import llguidance_tokenizer
 
 ANY_JSON_OBJECT = {"type": "object"}
@@ -35,6 +36,7 @@ class LLGuidanceMatcher:
         self._matcher = matcher
         self._num_words = num_words
         self._eos_token_id = eos_token_id
+        self._eos_after_stop = False  # EOS taken by a stopped matcher, which llguidance does not record
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         target = bitmask[row]
@@ -52,6 +54,9 @@ class LLGuidanceMatcher:
     def accept_token(self, token_id: int) -> bool:
         if token_id == self._eos_token_id:
             # a complete grammar has stopped: it then takes EOS, though validate_tokens says otherwise
+            if self._matcher.is_stopped():
+                self._eos_after_stop, taken = True, not self._eos_after_stop
+                return taken
             return self._matcher.is_accepting() and self._matcher.consume_token(token_id)
         if self._matcher.validate_tokens([token_id]) != 1:
             return False
@@ -61,11 +66,11 @@ class LLGuidanceMatcher:
         return True
 
     def rollback(self, num_tokens: int) -> None:
+        if num_tokens and self._eos_after_stop:
+            self._eos_after_stop = False
+            num_tokens -= 1
         if num_tokens and not self._matcher.rollback(num_tokens):
             raise ExecutionError(f"the grammar matcher cannot roll back {num_tokens} tokens: {self._matcher.get_error()}")
-
-    def fork(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(self._matcher.deep_copy(), self._num_words, self._eos_token_id)
 
     @property
     def is_finished(self) -> bool:
@@ -96,6 +101,9 @@ class LLGuidanceBackend:
     ids) cannot be taken and followed by the next mask. A sample's mask and
     what it may take then agree from the first token on.
     """
+
+    #: Lark as llguidance extends it (``%json`` rules, regex intersections), and llama.cpp's GBNF.
+    grammar_dialects = ("lark", "gbnf")
 
     def __init__(
         self,
@@ -192,6 +200,12 @@ class LLGuidanceBackend:
 
     def _grammar(self, constraint: StructuredOutput) -> str:
         kind, value = constraint.kind, constraint.value
+        if kind is ConstraintKind.GRAMMAR and value.dialect not in self.grammar_dialects:
+            raise ValidationError(
+                f"structured_output: llguidance does not read grammars in the {value.dialect!r} dialect"
+                f" (it reads: {', '.join(self.grammar_dialects)})",
+                param="structured_output",
+            )
         try:
             if kind is ConstraintKind.JSON_SCHEMA:
                 return llguidance.LLMatcher.grammar_from_json_schema(value, defaults=self._json_options)
@@ -201,6 +215,8 @@ class LLGuidanceBackend:
                 return llguidance.grammar_from("choice", json.dumps(list(value)))
             if kind is ConstraintKind.REGEX:  # \d means [0-9], as in JSON schema patterns
                 return llguidance.LLMatcher.grammar_from_lark(f"start: /{llguidance.regex_to_lark(value, 'd')}/")
-            return llguidance.grammar_from("grammar", value)
+            if kind is ConstraintKind.TOOL_CALLS:
+                return llguidance.LLMatcher.grammar_from_lark(tool_calls_grammar(value))
+            return llguidance.grammar_from(value.dialect, value.text)
         except ValueError as exc:
             raise ValidationError(f"structured_output: the {kind.value} cannot be used: {exc}", param="structured_output") from exc

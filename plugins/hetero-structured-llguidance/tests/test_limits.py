@@ -11,7 +11,6 @@ import pytest
 
 from hetero_core.errors import ValidationError
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
-from hetero_serve_openai.tools import FunctionDefinition, calls_grammar
 from hetero_core.structured_output import StructuredOutput
 from hetero_core.testing.structured_output import Walker
 from hetero_structured_llguidance import plugin
@@ -36,8 +35,8 @@ REFUSED = [
     ("a repetition nested three deep", StructuredOutput.regex("((a{1000}){1000}){1000}"), "the regex cannot be used: lexer error"),
     (
         "forced calls of a function whose arguments refer to themselves",
-        StructuredOutput.grammar(calls_grammar([FunctionDefinition(name="f", parameters=SELF_REFERENCE)], several=True)),
-        "no text satisfies the grammar",
+        StructuredOutput.tool_calls({"f": SELF_REFERENCE}, several=True),
+        "no text satisfies the tool_calls",
     ),
 ]
 
