@@ -131,10 +131,10 @@ def register_serving_backends(register: Register) -> None:
     :param register: call ``register(name, factory)`` for each backend.
         ``factory(config, **options)`` receives the
         :class:`~hetero_core.config.EngineConfig` and the options of
-        ``server.backend_options``, and returns a serving backend (the
-        ``ServingBackend`` protocol of ``hetero_serve_openai.backend``, in the
-        ``hetero-serve-openai`` distribution). The config's ``server.backend``
-        picks the name; with ``data_parallel_size`` above 1, ``data_parallel_backend`` does.
+        ``server.backend_options``, and returns a
+        :class:`~hetero_core.serving.ServingBackend`. The server's config
+        (``server.backend``) picks the name; with ``data_parallel_size`` above 1,
+        ``data_parallel_backend`` does.
     :return: nothing.
     """
 

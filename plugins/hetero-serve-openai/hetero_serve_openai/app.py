@@ -17,8 +17,9 @@ from fastapi import FastAPI
 from hetero_core.config import EngineConfig
 from hetero_core.errors import EngineError
 from hetero_core.model_source import resolve_model_path
+from hetero_core.serving import ServingBackend
 from hetero_serve_openai.auth import APIKeyCheck, api_key
-from hetero_serve_openai.backend import ServingBackend, backend_name, create_backend
+from hetero_serve_openai.backend import backend_name, create_backend
 from hetero_serve_openai.capabilities import capabilities_of
 from hetero_serve_openai.completions import add_generation_routes
 from hetero_serve_openai.config import server_config

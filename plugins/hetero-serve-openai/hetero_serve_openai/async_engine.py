@@ -31,7 +31,7 @@ from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
-from hetero_serve_openai.backend import SINGLE_ENGINE
+from hetero_core.serving import SINGLE_ENGINE
 from hetero_serve_openai.capabilities import CAPABILITIES
 from hetero_serve_openai.errors import APIError
 
@@ -50,7 +50,7 @@ class _InFlight:
 
 
 class AsyncEngine:
-    """The ``local_engine`` serving backend (a :class:`~hetero_serve_openai.backend.ServingBackend`)."""
+    """The ``local_engine`` serving backend (a :class:`~hetero_core.serving.ServingBackend`)."""
 
     error_status = 500  # a generation that fails is the server's fault
     capabilities = CAPABILITIES  # the engine honours every parameter

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from hetero_core.errors import EngineError, ValidationError
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
-from hetero_serve_openai.backend import ServingBackend
+from hetero_core.serving import ServingBackend
 from hetero_serve_openai.capabilities import capabilities_of, unhonoured
 from hetero_serve_openai.generation import Choice, Generation, Input
 

@@ -39,7 +39,7 @@ STDERR_TAIL = 2000  # bytes of the program's stderr kept for the log
 
 
 class CommandBridge:
-    """The ``command_bridge`` serving backend (a :class:`~hetero_serve_openai.backend.ServingBackend`)."""
+    """The ``command_bridge`` serving backend (a :class:`~hetero_core.serving.ServingBackend`)."""
 
     error_status = 502  # the program failed, not the server
     capabilities = frozenset({"n"})  # and the baseline (max_tokens, temperature, top_p): the rest is refused, not dropped

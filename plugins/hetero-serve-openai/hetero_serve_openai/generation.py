@@ -19,7 +19,7 @@ from hetero_core.batch import TokenLogprobs
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
-from hetero_serve_openai.backend import ServingBackend
+from hetero_core.serving import ServingBackend
 from hetero_serve_openai.errors import APIError
 from hetero_serve_openai.metrics import ServerMetrics
 

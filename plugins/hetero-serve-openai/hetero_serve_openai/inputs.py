@@ -15,8 +15,9 @@ import attrs
 from hetero_core.config import EngineConfig
 from hetero_core.params import GenerationParams
 from hetero_core.protocols import Tokenizer
+from hetero_core.serving import ServingBackend
 from hetero_core.tool_prompt import inline_tools
-from hetero_serve_openai.backend import ServingBackend, backend_name
+from hetero_serve_openai.backend import backend_name
 from hetero_serve_openai.capabilities import capabilities_of, check_capabilities
 from hetero_serve_openai.config import server_config
 from hetero_serve_openai.errors import APIError

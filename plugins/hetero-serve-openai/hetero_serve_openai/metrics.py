@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from hetero_core.metrics import EngineMetrics
 from hetero_core.sequence import FinishReason
-from hetero_serve_openai.backend import SINGLE_ENGINE
+from hetero_core.serving import SINGLE_ENGINE
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 

@@ -7,7 +7,7 @@ import time
 import attrs
 
 from hetero_core.config import EngineConfig
-from hetero_serve_openai.backend import ServingBackend
+from hetero_core.serving import ServingBackend
 from hetero_serve_openai.errors import APIError
 from hetero_serve_openai.generation import Generation
 from hetero_serve_openai.metrics import ServerMetrics

@@ -12,9 +12,10 @@ from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.metrics import EngineMetrics
 from hetero_core.plugins import create_plugin_manager
+from hetero_core.serving import ServingBackend
 from hetero_serve_openai.app import create_app
 from hetero_serve_openai.async_engine import AsyncEngine
-from hetero_serve_openai.backend import ServingBackend, backend_name, create_backend
+from hetero_serve_openai.backend import backend_name, create_backend
 from hetero_serve_openai.capabilities import BASELINE, CAPABILITIES
 from hetero_serve_openai.command_bridge import CommandBridge
 from hetero_serve_openai.metrics import ServerMetrics

@@ -35,7 +35,7 @@ from hetero_core.params import GenerationParams
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import Tokenizer
 from hetero_core.sequence import FinishReason
-from hetero_serve_openai.backend import DeltaQueue
+from hetero_core.serving import DeltaQueue
 from hetero_serve_openai.capabilities import CAPABILITIES
 from hetero_serve_openai.errors import APIError
 from hetero_serve_ray.cluster import restore_signal_handlers
@@ -74,7 +74,7 @@ class Flight:
 
 
 class RayBackend:
-    """Data-parallel replicas on Ray (a :class:`~hetero_serve_openai.backend.ServingBackend`).
+    """Data-parallel replicas on Ray (a :class:`~hetero_core.serving.ServingBackend`).
 
     :param options: routing, resources, restarts and health checks (see
         :class:`~hetero_serve_ray.options.RayBackendOptions`; the defaults when None).

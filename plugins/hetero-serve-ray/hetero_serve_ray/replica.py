@@ -23,8 +23,8 @@ from hetero_core.metrics import EngineMetrics
 from hetero_core.outputs import StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
+from hetero_core.serving import SINGLE_ENGINE
 from hetero_serve_openai.async_engine import AsyncEngine
-from hetero_serve_openai.backend import SINGLE_ENGINE
 from hetero_serve_openai.errors import APIError
 
 READY_POLL = 0.05  # seconds between checks that the engine has loaded
