@@ -143,9 +143,9 @@ def register_serving_backends(register: Register) -> None:
 def register_commands(register: Register) -> None:
     """Register commands of the ``hetero-infer`` program (``serve`` comes from ``hetero-serve-openai``).
 
-    Called once per plugin when ``hetero-infer`` reads a command name that is
-    not its own (``generate``, ``plugins``, ``bench``, ``export-tokenizer``), and by
-    ``hetero-infer plugins``.
+    Called once per plugin when components are collected, like every discovery
+    hook; ``hetero-infer`` looks a command up when it reads a name that is not
+    one of its own (``generate``, ``plugins``, ``bench``, ``export-tokenizer``).
 
     :param register: call ``register(name, run)`` for each command.
         ``hetero-infer NAME ARGS...`` calls ``run(argv)`` with the arguments
