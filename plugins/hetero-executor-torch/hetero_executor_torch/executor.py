@@ -20,10 +20,11 @@ from hetero_executor_torch import attention_backend, fused_layers
 from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCapture, DecodeGraphs, GraphCaptureError
 from hetero_executor_torch.loading import load_weights
-from hetero_executor_torch.model import LlamaModel
+from hetero_executor_torch.model import LlamaModel, build_weights
 from hetero_executor_torch.prompt_scoring import score_prompts
 from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, cpu_flags
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
+from hetero_executor_torch.weight_cache import load_or_build, open_cache
 
 log = get_logger(__name__)
 
@@ -122,6 +123,12 @@ class TorchExecutor:
         without; or torch's int4 kernel): on by default; off, those steps widen
         the packed weights and the 4-bit weights take about 0.6-0.75 bytes a
         weight less.
+    :param weight_cache: where a GGUF file's weights, as built for this CPU,
+        are kept between starts (:mod:`hetero_executor_torch.weight_cache`):
+        ``auto`` (``$HETERO_WEIGHT_CACHE``, else the user cache directory's
+        ``hetero-infer/weights``), ``off``, or a directory. CPU only.
+    :param weight_cache_max_gib: the most the cache directory holds; the least
+        recently read entries go first.
     :param decode_graphs: replay decode-only steps from captured graphs
         (see :mod:`hetero_executor_torch.graphs`): ``auto`` (on CUDA only),
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
@@ -140,6 +147,8 @@ class TorchExecutor:
         weights: str = "auto",
         dense_copy: bool = False,
         small_batch_kernels: bool = True,
+        weight_cache: str = "auto",
+        weight_cache_max_gib: float = 16.0,
     ) -> None:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
@@ -155,10 +164,14 @@ class TorchExecutor:
         self.weight_format = resolve_weight_format(weights, self.device, self.dtype, dtype)
         path = resolve_model_path(config.model)
         model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
+        cache = open_cache(weight_cache, weight_cache_max_gib) if self.device.type == "cpu" and path.suffix == ".gguf" else None
+        settings = dict(
+            weights=self.weight_format, dtype=str(self.dtype), dense_copy=dense_copy, small_batch_kernels=small_batch_kernels, cpu_kernels=cpu_kernel_variants()
+        )
         with torch.inference_mode():
-            self.model = LlamaModel(
-                model_config, weights, self.dtype, self.device, self.attention.attend, self.weight_format, dense_copy, small_batch_kernels
-            )
+            build = functools.partial(build_weights, model_config, weights, self.dtype, self.device, self.weight_format, dense_copy, small_batch_kernels)
+            built = load_or_build(cache, path, settings, build)
+            self.model = LlamaModel(model_config, built, self.dtype, self.device, self.attention.attend, self.weight_format)
             kernels = fused_layers.fused_kernels(self.attention, self.device, self.dtype, self.kv_cache_dtype, model_config)
             if kernels is not None:
                 self.model.fused = fused_layers.FusedLayers(self.model, kernels)

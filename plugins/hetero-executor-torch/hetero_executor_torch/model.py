@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Protocol
 
+import attrs
 import torch
 import torch.nn.functional as F
 
@@ -62,49 +63,71 @@ class LayerStack(Protocol):
     ) -> torch.Tensor: ...
 
 
+@attrs.define
+class ModelWeights:
+    """Every weight of the model, as the layers hold them (what :mod:`~hetero_executor_torch.weight_cache` stores)."""
+
+    embedding: Linear
+    lm_head: Linear
+    norm: torch.Tensor
+    layers: list[Layer]
+
+
+def build_weights(
+    config: ModelConfig,
+    weights: Loaders,
+    dtype: torch.dtype,
+    device: torch.device,
+    weight_format: str = "dense",
+    dense_copy: bool = False,
+    small_batch_kernels: bool = True,
+) -> ModelWeights:
+    """Read each weight once and hold it in ``weight_format`` (see :func:`~hetero_executor_torch.quantized.make_linear`)."""
+    weights = dict(weights)  # taken as the layers are built
+    # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
+    # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
+    table_format = "int8" if weight_format in ("int8", "int4") else weight_format
+
+    def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format, table: bool = False) -> Linear:
+        bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        return make_linear(concat(parts), bias, fmt, dtype, device, table, dense_copy, small_batch_kernels)
+
+    try:
+        embed = weights.pop("model.embed_tokens.weight")()
+        norm = weights.pop("model.norm.weight")().to(device=device, dtype=torch.float32)
+        head = weights.pop("lm_head.weight", lambda: None)()
+        tied = config.tie_word_embeddings or head is None
+        lm_head = linear([embed if tied else head], None, table_format, table=tied)
+        embedding = lm_head if tied else linear([embed], None, table_format, table=True)
+        layers = [Layer(weights, f"model.layers.{i}", config, linear) for i in range(config.num_layers)]
+    except KeyError as exc:
+        raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
+    for layer in layers:
+        layer.input_norm = layer.input_norm.to(device=device, dtype=torch.float32)
+        layer.post_norm = layer.post_norm.to(device=device, dtype=torch.float32)
+        if layer.head_norms is not None:
+            layer.head_norms = tuple(norm.to(device=device, dtype=torch.float32) for norm in layer.head_norms)
+    return ModelWeights(embedding, lm_head, norm, layers)
+
+
 class LlamaModel:
     """Weights plus a forward pass over a flattened batch of prefill chunks and decodes."""
 
     def __init__(
         self,
         config: ModelConfig,
-        weights: Loaders,
+        weights: ModelWeights,
         dtype: torch.dtype,
         device: torch.device,
         attention: Callable[..., torch.Tensor] = paged_attention,
         weight_format: str = "dense",
-        dense_copy: bool = False,
-        small_batch_kernels: bool = True,
     ) -> None:
         self.config = config
         self.attention = attention
         self.dtype = dtype
         self.device = device
-        weights = dict(weights)  # taken as the layers are built
-        # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
-        # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
-        table_format = "int8" if weight_format in ("int8", "int4") else weight_format
         self.weight_format = weight_format
-
-        def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format, table: bool = False) -> Linear:
-            bias = None if bias is None else bias.to(device=device, dtype=dtype)
-            return make_linear(concat(parts), bias, fmt, dtype, device, table, dense_copy, small_batch_kernels)
-
-        try:
-            embed = weights.pop("model.embed_tokens.weight")()
-            self.norm = weights.pop("model.norm.weight")().to(device=device, dtype=torch.float32)
-            head = weights.pop("lm_head.weight", lambda: None)()
-            tied = config.tie_word_embeddings or head is None
-            self.lm_head = linear([embed if tied else head], None, table_format, table=tied)
-            self.embedding = self.lm_head if tied else linear([embed], None, table_format, table=True)
-            self.layers = [Layer(weights, f"model.layers.{i}", config, linear) for i in range(config.num_layers)]
-            for layer in self.layers:
-                layer.input_norm = layer.input_norm.to(device=device, dtype=torch.float32)
-                layer.post_norm = layer.post_norm.to(device=device, dtype=torch.float32)
-                if layer.head_norms is not None:
-                    layer.head_norms = tuple(norm.to(device=device, dtype=torch.float32) for norm in layer.head_norms)
-        except KeyError as exc:
-            raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
+        self.embedding, self.lm_head, self.norm, self.layers = weights.embedding, weights.lm_head, weights.norm, weights.layers
         self.q_size = config.num_heads * config.head_size
         self.kv_size = config.num_kv_heads * config.head_size
         self.scale = config.head_size**-0.5

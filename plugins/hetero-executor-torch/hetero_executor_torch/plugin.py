@@ -35,6 +35,11 @@ def _attention(_instance: Any, attribute: Any, value: Any) -> None:
         raise ConfigError(f"{attribute.name} must be auto, an attention backend name or an AttentionBackend, got {value!r}", param=attribute.name)
 
 
+def _weight_cache(_instance: Any, attribute: Any, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{attribute.name} must be auto, off or a directory, got {value!r}", param=attribute.name)
+
+
 @attrs.frozen
 class TorchExecutorOptions:
     """The ``torch`` executor's options (see :class:`TorchExecutor` for what each does)."""
@@ -48,6 +53,8 @@ class TorchExecutorOptions:
     weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
     dense_copy: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
     small_batch_kernels: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
+    weight_cache: str = attrs.field(default="auto", validator=_weight_cache)
+    weight_cache_max_gib: float = attrs.field(default=16.0, validator=number_in(0, 2**20, low_open=True, error=ConfigError))
 
 
 def torch_executor(config: Any, attention: str | AttentionBackend = "auto", device: str = "auto", **options: Any) -> TorchExecutor:

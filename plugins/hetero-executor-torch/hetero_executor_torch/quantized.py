@@ -207,6 +207,13 @@ class DenseLinear:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.weight)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Plain weights: oneDNN's blocked layout is made again where they are loaded (it depends on the CPU)."""
+        return {"weight": self.dense(), "bias": self.bias, "table": self.weight is not None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["weight"], state["bias"], state["table"])
+
 
 class Int4Weights:
     """Groupwise int4 weights packed for torch's CPU kernel."""

@@ -1,0 +1,335 @@
+"""A disk cache of a GGUF file's weights as the model holds them: decoded, packed for this CPU's kernels.
+
+Building the weights reads every tensor, decodes its blocks and lays them out
+for the kernels: seconds for a 0.5B file, tens of seconds for a 3B one. The
+result depends only on the file's bytes and on how it was built, so it is
+kept on disk and read back on later starts.
+
+- **Key.** A hash (xxh3-128) of the file's bytes, of the build's settings
+  (:func:`build_settings`: weight format, dtype, dense copy, small-batch
+  kernels, the CPU kernels that run here, library versions) and of the source
+  of the packages that read and lay out weights (the core, this executor, the
+  kernels). A change to any of them is a new entry.
+- **Entry.** One file: a fixed header, a JSON table, the object structure, then
+  each array 64-byte aligned::
+
+      magic (16 bytes) | table length (8, little-endian) | table (JSON: arrays, lengths, checksum)
+      | structure (pickle: the objects, their arrays as references into the table) | padding | arrays...
+
+  The structure is unpickled with only this package's and the kernels'
+  classes, torch dtypes and numpy scalars allowed. Reading checks every length
+  and a checksum (xxh3-128) over the structure and the arrays; an entry that
+  fails is deleted and rebuilt.
+- **Concurrent starts.** Entries are written to a temporary file and renamed
+  into place: two starts building one entry at once both succeed, and a reader
+  never sees a partial entry.
+- **Bounded.** After each write the least recently read entries go until the
+  directory holds at most ``max_bytes``; an entry larger than that is not kept.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import io
+import json
+import os
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+import attrs
+import numpy as np
+import structlog
+import torch
+import xxhash
+
+log = structlog.get_logger()
+T = TypeVar("T")
+
+MAGIC = b"hetero-weights\x00\x01"
+ALIGN = 64
+SUFFIX = ".weights"
+CACHE_ENV = "HETERO_WEIGHT_CACHE"  # "off", or the directory to use instead of the user cache directory
+STALE_TEMPORARY_SECONDS = 3600.0  # a temporary file this old was left by a start that died
+_CHUNK = 1 << 24
+_SOURCE_PACKAGES = ("hetero_core", "hetero_executor_torch", "hetero_kernels")
+_ALLOWED_MODULE_PREFIXES = ("hetero_executor_torch.", "hetero_kernels.")
+_ALLOWED_GLOBALS = {
+    ("torch", "Size"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+}
+
+
+class CorruptEntry(Exception):
+    """An entry that cannot be read back as it was written."""
+
+
+def default_directory() -> Path | None:
+    """``$HETERO_WEIGHT_CACHE`` (None where it is ``off``), else the user cache directory's ``hetero-infer/weights``."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen is not None:
+        return None if chosen == "off" else Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "hetero-infer" / "weights"
+
+
+@functools.cache
+def _source_digest() -> str:
+    """A hash of every module that decides how weights are laid out (this package and the kernels)."""
+    digest = xxhash.xxh3_128()
+    for package in _SOURCE_PACKAGES:
+        module = sys.modules.get(package) or __import__(package)
+        for path in sorted(Path(module.__file__).parent.glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def open_cache(option: str, max_gib: float) -> WeightCache | None:
+    """The cache the executor option names: ``auto`` (:func:`default_directory`), ``off``, or a directory."""
+    directory = default_directory() if option == "auto" else None if option == "off" else Path(option)
+    return None if directory is None else WeightCache(directory, int(max_gib * 2**30))
+
+
+def file_digest(path: Path) -> str:
+    """xxh3-128 of a file's bytes, read in chunks (no mapping, so no resident pages are left behind)."""
+    digest = xxhash.xxh3_128()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb") as file:
+        while count := file.readinto(buffer):
+            digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def build_settings(**settings: Any) -> dict[str, Any]:
+    """What a build depends on besides the file: the caller's settings plus library versions and byte order."""
+    versions = {name: importlib.metadata.version(name) for name in ("torch", "numpy", "gguf", "numba")}
+    return {**settings, **versions, "byteorder": sys.byteorder}
+
+
+@attrs.frozen
+class WeightCache:
+    """Entries under ``directory``, at most ``max_bytes`` in all."""
+
+    directory: Path
+    max_bytes: int
+
+    def key(self, model: Path, settings: Mapping[str, Any]) -> str:
+        digest = xxhash.xxh3_128()
+        digest.update(file_digest(model).encode())
+        digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+        digest.update(_source_digest().encode())
+        return digest.hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}{SUFFIX}"
+
+    def load(self, key: str) -> Any | None:
+        """The objects stored under ``key``, or None where there is no entry; a corrupt entry is deleted."""
+        path = self.path(key)
+        try:
+            with open(path, "rb") as file:
+                objects = read_entry(file, os.fstat(file.fileno()).st_size)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # whatever the bytes say, a bad entry is rebuilt, never trusted
+            log.warning("weight cache entry is corrupt; rebuilding it", entry=str(path), problem=f"{type(exc).__name__}: {exc}")
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # the least recently read entries are evicted first
+        return objects
+
+    def store(self, key: str, objects: Any) -> None:
+        """Write ``objects`` under ``key`` (atomically), then evict down to ``max_bytes``; a failed write only logs."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.directory, prefix=f".{key}.", suffix=".tmp", delete=False) as file:
+                temporary = Path(file.name)
+                try:
+                    size = write_entry(file, objects)
+                    if size > self.max_bytes:
+                        raise OSError(f"entry of {size} bytes exceeds the cache's bound of {self.max_bytes}")
+                    file.flush()
+                except BaseException:
+                    temporary.unlink(missing_ok=True)
+                    raise
+            os.replace(temporary, self.path(key))
+        except OSError as exc:
+            log.warning("weight cache entry not written", directory=str(self.directory), problem=str(exc))
+            return
+        self.evict(keep=key)
+
+    def evict(self, keep: str | None = None) -> None:
+        """Delete the least recently read entries (never ``keep``) until the rest fit ``max_bytes``, and stale temporaries."""
+        entries, now = [], time.time()
+        for path in self.directory.iterdir():
+            try:
+                stat = path.stat()
+            except FileNotFoundError:  # another start evicted it
+                continue
+            if path.suffix == SUFFIX:
+                entries.append((stat.st_mtime, stat.st_size, path))
+            elif path.suffix == ".tmp" and now - stat.st_mtime > STALE_TEMPORARY_SECONDS:
+                path.unlink(missing_ok=True)
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if path != (None if keep is None else self.path(keep)):
+                path.unlink(missing_ok=True)
+                total -= size
+
+
+def load_or_build(cache: WeightCache | None, model: Path, settings: Mapping[str, Any], build: Callable[[], T]) -> T:
+    """``build()``'s objects, read from ``cache`` where an entry for ``model`` and ``settings`` exists, else built and stored."""
+    if cache is None:
+        return build()
+    started = time.perf_counter()
+    key = cache.key(model, build_settings(**settings))
+    objects = cache.load(key)
+    if objects is not None:
+        log.info("weights read from the cache", entry=str(cache.path(key)), seconds=round(time.perf_counter() - started, 2))
+        return objects
+    objects = build()
+    cache.store(key, objects)
+    return objects
+
+
+class _Writer(pickle.Pickler):
+    """Pickles the structure; arrays, tensors and compiled kernels go out of band as references."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=5)
+        self.arrays: list[np.ndarray] = []
+        self.table: list[dict[str, Any]] = []
+        self._seen: dict[int, int] = {}
+        self._alive: list[Any] = []  # keeps memoized objects alive, so their ids stay theirs
+
+    def _array(self, obj: Any, array: np.ndarray, record: dict[str, Any]) -> int:
+        index = self._seen.get(id(obj))
+        if index is None:
+            index = self._seen[id(obj)] = len(self.arrays)
+            self._alive.append(obj)
+            self.arrays.append(np.ascontiguousarray(array))
+            self.table.append(record)
+        return index
+
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, np.ndarray):
+            if obj.dtype.hasobject:
+                raise pickle.PicklingError("cannot cache an array of Python objects")
+            return ("array", self._array(obj, obj, {"kind": "array", "dtype": obj.dtype.str, "shape": list(obj.shape)}))
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "cpu" or obj.layout != torch.strided:
+                raise pickle.PicklingError(f"cannot cache a {obj.layout} tensor on {obj.device}")
+            raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            return ("tensor", self._array(obj, raw, {"kind": "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape)}))
+        if type(obj).__module__.startswith("numba.") and hasattr(obj, "py_func"):  # a compiled kernel: by name
+            return ("global", obj.py_func.__module__, obj.py_func.__qualname__)
+        return None
+
+
+class _Reader(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, arrays: list[np.ndarray], table: list[dict[str, Any]]) -> None:
+        super().__init__(file)
+        self.arrays, self.table = arrays, table
+
+    def persistent_load(self, pid: Any) -> Any:
+        match pid:
+            case ("array", int(index)):
+                return self.arrays[index]
+            case ("tensor", int(index)):
+                record = self.table[index]
+                dtype = getattr(torch, record["dtype"])
+                if not isinstance(dtype, torch.dtype):
+                    raise CorruptEntry(f"not a torch dtype: {record['dtype']!r}")
+                raw = self.arrays[index]
+                if raw.size == 0:
+                    return torch.empty(record["shape"], dtype=dtype)
+                return torch.from_numpy(raw).view(dtype).reshape(record["shape"])
+            case ("global", str(module), str(name)):
+                return self.find_class(module, name)
+        raise CorruptEntry(f"unknown reference {pid!r}")
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED_GLOBALS
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            allowed = True
+        if not allowed:
+            raise CorruptEntry(f"the structure names {module}.{name}, which a weight cache never holds")
+        return super().find_class(module, name)
+
+
+def _padding(offset: int) -> int:
+    return -offset % ALIGN
+
+
+def write_entry(file: Any, objects: Any) -> int:
+    """Write one entry of ``objects`` to ``file``; its size in bytes."""
+    structure = io.BytesIO()
+    writer = _Writer(structure)
+    writer.dump(objects)
+    checksum = xxhash.xxh3_128(structure.getbuffer())
+    offset = 0
+    for record, array in zip(writer.table, writer.arrays):
+        offset += _padding(offset)
+        record.update(offset=offset, nbytes=array.nbytes)
+        offset += array.nbytes
+        checksum.update(memoryview(array).cast("B"))
+    table = json.dumps({"arrays": writer.table, "structure": structure.tell(), "data": offset, "checksum": checksum.hexdigest()}).encode()
+    head = MAGIC + len(table).to_bytes(8, "little") + table + structure.getbuffer()
+    file.write(head)
+    file.write(bytes(_padding(len(head))))
+    written = 0
+    for record, array in zip(writer.table, writer.arrays):
+        file.write(bytes(record["offset"] - written))
+        file.write(memoryview(array).cast("B"))
+        written = record["offset"] + array.nbytes
+    return len(head) + _padding(len(head)) + offset
+
+
+def _typed(raw: np.ndarray, record: dict[str, Any]) -> np.ndarray:
+    """A numpy array's bytes as the array; a tensor's stay bytes (the reader views them as its torch dtype)."""
+    if record["kind"] == "tensor":
+        return raw
+    dtype = np.dtype(record["dtype"])
+    if dtype.hasobject or record["kind"] != "array":
+        raise CorruptEntry(f"an array of {record['kind']} {record['dtype']!r}")
+    return raw.view(dtype).reshape(record["shape"])
+
+
+def read_entry(file: Any, size: int) -> Any:
+    """The objects of the entry in ``file`` (``size`` bytes long); :class:`CorruptEntry` where it does not check out."""
+    if file.read(len(MAGIC)) != MAGIC:
+        raise CorruptEntry("not a weight cache entry (or another version's)")
+    table_length = int.from_bytes(file.read(8), "little")
+    if table_length > size:
+        raise CorruptEntry("table longer than the file")
+    table = json.loads(file.read(table_length))
+    structure = file.read(table["structure"])
+    head = len(MAGIC) + 8 + table_length + table["structure"]
+    if head + _padding(head) + table["data"] != size:
+        raise CorruptEntry(f"{size} bytes where the table says {head + _padding(head) + table['data']}")
+    checksum = xxhash.xxh3_128(structure)
+    file.seek(head + _padding(head))
+    arrays, position = [], 0
+    for record in table["arrays"]:
+        if record["offset"] < position or record["offset"] + record["nbytes"] > table["data"]:
+            raise CorruptEntry("array outside the data")
+        file.seek(record["offset"] - position, os.SEEK_CUR)
+        array = np.empty(record["nbytes"], np.uint8)
+        if file.readinto(memoryview(array)) != record["nbytes"]:
+            raise CorruptEntry("array cut short")
+        checksum.update(memoryview(array))
+        arrays.append(_typed(array, record))
+        position = record["offset"] + record["nbytes"]
+    if checksum.hexdigest() != table["checksum"]:
+        raise CorruptEntry("checksum mismatch")
+    return _Reader(io.BytesIO(structure), arrays, table["arrays"]).load()

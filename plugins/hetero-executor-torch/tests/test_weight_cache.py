@@ -1,0 +1,202 @@
+"""The weight cache: a GGUF file's built weights read back exactly, keyed by content and settings, never trusted."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from hetero_core.errors import ConfigError
+from hetero_executor_torch import weight_cache
+from hetero_executor_torch.model import ModelWeights
+from hetero_executor_torch.quantized import DenseLinear, PackedLinear
+from hetero_executor_torch.weight_cache import CorruptEntry, WeightCache, read_entry, write_entry
+
+from .conftest import tiny_engine, write_tiny_gguf, write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_q4(tmp_path_factory) -> Path:
+    folder = write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+    return write_tiny_gguf(folder, folder / "tiny.gguf", gguf.GGMLQuantizationType.Q4_0)
+
+
+def cached_engine(model: Path, directory: Path, **executor):
+    options = {"name": "torch", "dtype": "bfloat16", "weight_cache": str(directory), **executor}
+    return tiny_engine(model, executor=options)
+
+
+def greedy(engine, prompt: str = "hello world") -> list[int]:
+    from hetero_core.params import GenerationParams
+
+    [record] = engine.generate([prompt], GenerationParams(max_tokens=12, temperature=0, ignore_eos=True))
+    return record.generated_tokens
+
+
+def entries(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{weight_cache.SUFFIX}"))
+
+
+def test_a_second_start_reads_the_weights_back_and_generates_the_same(tiny_q4, tmp_path, monkeypatch) -> None:
+    built = greedy(cached_engine(tiny_q4, tmp_path))
+    [entry] = entries(tmp_path)
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the weights were built again")
+
+    monkeypatch.setattr("hetero_executor_torch.executor.build_weights", no_build)
+    engine = cached_engine(tiny_q4, tmp_path)
+    assert greedy(engine) == built
+    assert entries(tmp_path) == [entry]
+    linears = [linear for layer in engine.executor.model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    assert linears and all(isinstance(linear, PackedLinear) for linear in linears)  # read back packed, not dense
+
+
+def test_the_file_and_every_setting_key_an_entry_of_their_own(tiny_q4, tmp_path) -> None:
+    cache = WeightCache(tmp_path, 2**30)
+    settings = {"weights": "auto", "dtype": "torch.bfloat16"}
+    key = cache.key(tiny_q4, settings)
+    assert cache.key(tiny_q4, dict(settings)) == key
+    assert cache.key(tiny_q4, {**settings, "dtype": "torch.float32"}) != key
+    changed = tmp_path / "changed.gguf"
+    data = bytearray(tiny_q4.read_bytes())
+    data[-1] ^= 1
+    changed.write_bytes(bytes(data))
+    assert cache.key(changed, settings) != key
+
+
+def sample_objects() -> dict:
+    table = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    shared = np.arange(10, dtype=np.uint16)
+    return {"table": table, "one": shared, "again": shared, "ints": np.array([[1, -2]], np.int8), "empty": torch.zeros(0), "name": "x"}
+
+
+def test_an_entry_round_trips_arrays_tensors_and_shared_references() -> None:
+    buffer = io.BytesIO()
+    size = write_entry(buffer, sample_objects())
+    assert size == len(buffer.getvalue())
+    buffer.seek(0)
+    back = read_entry(buffer, size)
+    assert torch.equal(back["table"], sample_objects()["table"]) and back["table"].dtype == torch.bfloat16
+    assert back["one"] is back["again"]  # stored once, shared again
+    np.testing.assert_array_equal(back["ints"], [[1, -2]])
+    assert back["empty"].shape == (0,) and back["name"] == "x"
+
+
+def test_dense_layers_are_stored_plain_and_blocked_again_on_load() -> None:
+    weight = torch.randn(32, 64).to(torch.bfloat16)
+    layer = pickle.loads(pickle.dumps(DenseLinear(weight, None)))
+    assert torch.equal(layer.dense(), weight)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    assert torch.equal(layer(x), DenseLinear(weight, None)(x))
+
+
+@pytest.mark.parametrize("damage", ["flip a weight byte", "cut short", "not an entry", "bad table"])
+def test_a_corrupt_entry_is_deleted_and_rebuilt(tiny_q4, tmp_path, damage: str) -> None:
+    built = greedy(cached_engine(tiny_q4, tmp_path))
+    [entry] = entries(tmp_path)
+    data = bytearray(entry.read_bytes())
+    if damage == "flip a weight byte":
+        data[-100] ^= 0xFF
+    elif damage == "cut short":
+        del data[-64:]
+    elif damage == "not an entry":
+        data[:4] = b"GGUF"
+    else:
+        data[24:32] = b"{{{{{{{{"
+    entry.write_bytes(bytes(data))
+    assert greedy(cached_engine(tiny_q4, tmp_path)) == built
+    [rebuilt] = entries(tmp_path)
+    with open(rebuilt, "rb") as file:
+        read_entry(file, rebuilt.stat().st_size)  # whole again
+
+
+def test_an_entry_naming_anything_but_weights_is_refused() -> None:
+    class Sneaky:
+        def __reduce__(self):
+            import os
+
+            return (os.system, ("echo never",))
+
+    buffer = io.BytesIO()
+    size = write_entry(buffer, {"payload": Sneaky()})
+    buffer.seek(0)
+    with pytest.raises(CorruptEntry, match="never holds"):
+        read_entry(buffer, size)
+
+
+def test_the_least_recently_read_entries_go_first_and_an_oversized_one_is_not_kept(tmp_path) -> None:
+    objects = {"weights": np.zeros(4096, np.uint8)}
+    one = len(_entry_bytes(objects))
+    cache = WeightCache(tmp_path, 2 * one)
+    for key in ("a", "b"):
+        cache.store(key, objects)
+    cache.load("a")  # now more recently read than b
+    import os
+
+    os.utime(cache.path("b"), (1, 1))
+    cache.store("c", objects)
+    assert {path.stem for path in entries(tmp_path)} == {"a", "c"}
+    WeightCache(tmp_path, one - 1).store("big", objects)
+    assert not cache.path("big").exists()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def _entry_bytes(objects) -> bytes:
+    buffer = io.BytesIO()
+    write_entry(buffer, objects)
+    return buffer.getvalue()
+
+
+def test_two_starts_writing_one_entry_at_once_both_succeed(tmp_path) -> None:
+    cache = WeightCache(tmp_path, 2**30)
+    objects = {"weights": np.arange(1 << 20, dtype=np.int32)}
+    errors: list[BaseException] = []
+
+    def store() -> None:
+        try:
+            cache.store("same", objects)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=store) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    np.testing.assert_array_equal(cache.load("same")["weights"], objects["weights"])
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_off_and_a_folder_model_build_without_a_cache(tiny_q4, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(weight_cache.CACHE_ENV, str(tmp_path / "from-env"))
+    cached_engine(tiny_q4, "off")
+    assert not (tmp_path / "from-env").exists() and not list(tmp_path.glob("**/*.weights"))
+    cached_engine(tiny_q4, "auto")
+    assert len(entries(tmp_path / "from-env")) == 1
+    cached_engine(tiny_q4.parent, tmp_path / "folder")  # a Hugging Face folder is memory-mapped already
+    assert not (tmp_path / "folder").exists()
+
+
+def test_a_bad_option_is_named() -> None:
+    from hetero_executor_torch.plugin import TorchExecutorOptions
+
+    with pytest.raises(ConfigError, match="weight_cache"):
+        TorchExecutorOptions(weight_cache="")
+    with pytest.raises(ConfigError, match="weight_cache_max_gib"):
+        TorchExecutorOptions(weight_cache_max_gib=0)
+
+
+def test_model_weights_hold_every_layer(tiny_q4, tmp_path) -> None:
+    engine = cached_engine(tiny_q4, tmp_path)
+    [entry] = entries(tmp_path)
+    with open(entry, "rb") as file:
+        stored = read_entry(file, entry.stat().st_size)
+    assert isinstance(stored, ModelWeights) and len(stored.layers) == len(engine.executor.model.layers)
