@@ -24,7 +24,8 @@ def test_a_failing_contract_check_shows_its_values(tmp_path) -> None:
 
             class TestShrunk(ExecutorContract):
                 @pytest.fixture(scope="class")
-                def executor(self):
+                @classmethod
+                def executor(cls):
                     return Shrunk()
             """
         )

@@ -8,7 +8,8 @@ wider-scoped fixture behind it)::
 
     class TestMyExecutor(ExecutorContract):
         @pytest.fixture(scope="class")
-        def executor(self):
+        @classmethod
+        def executor(cls):
             return MyExecutor(...)
 
 Each check writes the blocks it reads, so the checks do not depend on one
@@ -76,13 +77,15 @@ class ExecutorContract:
     """What every executor must do (see :class:`hetero_core.protocols.Executor`)."""
 
     @pytest.fixture(scope="class")
-    def executor(self) -> Executor:
+    @classmethod
+    def executor(cls) -> Executor:
         raise NotImplementedError(
             "override the 'executor' fixture (scope 'class' or wider) to return an executor without a cache"
         )
 
     @pytest.fixture(scope="class")
-    def ready(self, executor: Executor) -> Executor:
+    @classmethod
+    def ready(cls, executor: Executor) -> Executor:
         executor.initialize_cache(NUM_BLOCKS, BLOCK_SIZE)
         executor.warm_up(16, 4)
         yield executor

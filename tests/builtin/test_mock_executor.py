@@ -10,5 +10,6 @@ from hetero_core.testing import ExecutorContract
 
 class TestMockExecutorContract(ExecutorContract):
     @pytest.fixture(scope="class")
-    def executor(self):
+    @classmethod
+    def executor(cls):
         return MockExecutor()

@@ -63,7 +63,8 @@ def test_a_quantized_gguf_runs_packed_as_it_runs_dense(tmp_path, architecture: s
 
 class TestTinyModelExecutorContract(ExecutorContract):
     @pytest.fixture(scope="class")
-    def executor(self, tiny_model):
+    @classmethod
+    def executor(cls, tiny_model):
         return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32")
 
 
@@ -130,7 +131,8 @@ def test_pool_sized_from_memory(tiny_model) -> None:
 
 class TestNumbaAttentionExecutorContract(ExecutorContract):
     @pytest.fixture(scope="class")
-    def executor(self, tiny_model):
+    @classmethod
+    def executor(cls, tiny_model):
         return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", attention="numba")
 
 
