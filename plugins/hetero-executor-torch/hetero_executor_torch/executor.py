@@ -98,14 +98,13 @@ class TorchExecutor:
     :param num_threads: torch CPU threads (default: torch's choice).
     :param attention: the attention backend (see
         :mod:`hetero_executor_torch.attention_backend`): ``auto`` (the
-        default: ``numba`` on the CPU where the kernels are installed, else
-        ``torch``), ``torch`` (gather blocks, then scaled-dot-product
+        default: ``numba`` on the CPU, else ``torch``), ``torch`` (gather blocks, then scaled-dot-product
         attention), on the CPU ``numba`` (decodes run the Numba CPU kernel,
         which reads the paged cache in place, float32 or bf16; prefill chunks
         take the torch path; in float32 or bf16 with the cache in the same
         dtype, every layer's norms, RoPE and cache writes, and a decode-only
-        step's attention, run as fused Numba kernels), a name registered in the
-        ``hetero_infer.attention`` entry points, or an
+        step's attention, run as fused Numba kernels), a name a plugin
+        registers through ``register_attention_backends``, or an
         :class:`AttentionBackend` object.
     :param weights: how linear weights are held: ``auto`` (the default: on
         the CPU in bf16, a GGUF's weights of every type with an exact group
