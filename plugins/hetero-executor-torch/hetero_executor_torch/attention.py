@@ -100,7 +100,7 @@ def decode_attention(query, k_cache, v_cache, group: DecodeGroup, scale: float) 
 
     On the CPU the call runs in float32: torch's CPU kernel for one masked
     query token is several times slower in bfloat16 than in float32, gather
-    and casts included (figures in ``benchmarks/README.md``).
+    and casts included (figures in ``docs/design/2026-11-26-cpu-attention-kernels.md``).
     """
     dtype = torch.float32 if query.device.type == "cpu" else query.dtype
     keys = gather_blocks(k_cache, group.blocks, dtype).transpose(1, 2)  # [count, kv_heads, L, head_size]

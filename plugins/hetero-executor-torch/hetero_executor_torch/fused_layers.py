@@ -30,7 +30,8 @@ called from Numba:
 - more, up to the tiled kernel's rows (``hetero_kernels.cpu_int4_tiles``,
   AVX-512 BF16), in bfloat16, op for op as the kernels called one by one.
 
-Figures are in ``benchmarks/README.md``.
+Figures are in ``docs/design/2026-11-26-cpu-fused-layers.md`` ("A decoder layer in
+one Numba call") and ``docs/design/2026-11-26-cpu-int4-linear-kernels.md``.
 """
 
 from __future__ import annotations

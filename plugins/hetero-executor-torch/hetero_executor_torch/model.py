@@ -184,7 +184,7 @@ class LlamaModel:
         The stream and the norms stay in float32 whatever the compute dtype: with
         the GGUF's packed weights in bf16 that lifts top-1 agreement with the
         float32 model to transformers bf16's (``benchmarks/quality.py``; figures
-        in ``benchmarks/README.md``).
+        in ``docs/design/2026-11-26-cpu-fused-layers.md``, "Choices").
 
         This is the reference; with ``fused`` set, the same function runs through
         it instead (:mod:`hetero_executor_torch.fused_layers`' CPU kernels).

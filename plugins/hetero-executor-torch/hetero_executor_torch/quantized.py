@@ -172,7 +172,8 @@ def onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
     reordered up front they make the bf16 matmul about 1.4x faster from 1 to
     256 rows on SmolLM2's shapes, as fast to 2,048 and 1.2x slower at 4,096
     (``benchmarks/linear.py``), which cost nothing measurable on a whole
-    prefill (figures in ``benchmarks/README.md``). The sums are oneDNN's
+    prefill (figures in ``docs/design/2026-11-26-cpu-int4-linear-kernels.md``,
+    "The blocked layout for bf16 weights only"). The sums are oneDNN's
     either way.
     """
     usable = (
@@ -448,8 +449,8 @@ def cpu_flags() -> frozenset[str]:
 
 
 # The tiled kernel took the same time as oneDNN's bf16 matmul at 32 rows on AVX-512 and less below
-# (Zen 4, benchmarks/README.md). With AMX, oneDNN's matmul is nearly flat in the rows: the tiled
-# kernel keeps only the steps torch's int4 kernel served there.
+# (Zen 4, docs/design/2026-11-26-cpu-int4-linear-kernels.md). With AMX, oneDNN's matmul is nearly
+# flat in the rows: the tiled kernel keeps only the steps torch's int4 kernel served there.
 TILED_MAX_ROWS = PACKED_MAX_ROWS if "amx_bf16" in cpu_flags() else 32
 TORCH_INT4_OUTPUTS = 16  # torch's int4 packing takes outputs in multiples of this
 VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's int4 kernel is faster
