@@ -170,7 +170,7 @@ def onednn_blocked(weight: torch.Tensor) -> torch.Tensor | None:
 
     ``F.linear`` hands oneDNN plain weights, which it reorders on every call;
     reordered up front they make the bf16 matmul about 1.4x faster from 1 to
-    256 rows on SmolLM2's shapes, as fast to 2,048 and 1.2x slower at 4,096
+    256 rows on SmolLM2's shapes, as fast to 2,048 and 1.2x slower at 4,336
     (``benchmarks/linear.py``), which cost nothing measurable on a whole
     prefill (figures in ``docs/design/2026-11-26-cpu-int4-linear-kernels.md``,
     "The blocked layout for bf16 weights only"). The sums are oneDNN's
