@@ -120,7 +120,6 @@ class EngineConfig:
     seed: int = attrs.field(default=0, validator=number_in(0, 2**63 - 1, integer=True, error=ConfigError))
     data_parallel_size: int = attrs.field(default=1, validator=_count(MAX_REPLICAS))  # engine replicas (serve and --input-file)
     data_parallel_backend: str = attrs.field(default="ray", validator=_check_name)  # the serving backend that places them
-    ray_address: str | None = attrs.field(default=None, validator=_optional_name)  # a Ray cluster to join ("auto", "host:port"); None starts a local one
     tokenizer: ComponentSpec = _component("huggingface")
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")
@@ -171,7 +170,8 @@ class EngineConfig:
 
 
 _SECTIONS: dict[str, type] = {"plugins": PluginsConfig}
-_OPEN_SECTIONS = ("server",)  # kept as given; ``evolve`` merges keys onto the current ones
+_OPEN_SECTIONS = ("server",)  # kept as given; ``evolve`` merges keys onto the current ones, nested objects too
+_MOVED_KEYS = {"ray_address": "server.backend_options.address (the ray backend's option)"}
 
 
 def config_section(cls: type, value: Any, key: str) -> Any:
@@ -191,9 +191,21 @@ def _json_object(value: Any, key: str) -> dict[str, Any]:
     return dict(value)
 
 
+def _merged(base: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` applied, objects within objects merged key by key."""
+    merged = dict(base)
+    for key, value in changes.items():
+        both = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
+        merged[key] = _merged(merged[key], value) if both else value
+    return merged
+
+
 def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: str = "") -> Any:
     allowed = attrs.fields_dict(cls)
     unknown = sorted(set(values) - set(allowed))
+    moved = [key for key in unknown if cls is EngineConfig and key in _MOVED_KEYS]
+    if moved:
+        raise ConfigError(f"config key {moved[0]} is now {_MOVED_KEYS[moved[0]]}", param=moved[0])
     if unknown:
         raise ConfigError(
             f"unknown config key(s) {', '.join(prefix + k for k in unknown)}; allowed: {', '.join(sorted(allowed))}",
@@ -205,7 +217,7 @@ def _build(cls: type, values: Mapping[str, Any], *, base: Any = None, prefix: st
         if section is not None and isinstance(value, Mapping):
             value = _build(section, value, base=getattr(base, key, None), prefix=f"{key}.")
         elif cls is EngineConfig and key in _OPEN_SECTIONS and base is not None and isinstance(value, Mapping):
-            value = {**getattr(base, key), **value}
+            value = _merged(getattr(base, key), value)
         kwargs[key] = value
     try:
         return attrs.evolve(base, **kwargs) if base is not None else cls(**kwargs)

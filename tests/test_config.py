@@ -76,7 +76,7 @@ def test_the_complete_example_loads_and_round_trips() -> None:
         ({"data_parallel_size": 2000}, r"data_parallel_size must be an integer in \[1, 1024\]"),
         ({"data_parallel_size": True}, "data_parallel_size must be an integer"),
         ({"data_parallel_backend": ""}, "data_parallel_backend must be a non-empty string"),
-        ({"ray_address": 6379}, "ray_address must be a non-empty string, got 6379"),
+        ({"ray_address": "auto"}, r"config key ray_address is now server.backend_options.address"),
         ({"memory_threshold": 1.5}, r"memory_threshold must be a number in \(0.0, 1.0\], got 1.5"),
         ({"max_retry_attempts": -1}, "max_retry_attempts"),
         ({"model": 5}, "model must be a non-empty string, got 5"),
@@ -116,5 +116,7 @@ def test_components_by_name_or_object_and_evolve() -> None:
     changed = config.evolve(block_size=8, server={"port": 9})
     assert (changed.block_size, changed.server) == (8, {"port": 9})
     assert changed.evolve(server={"host": "::1"}).server == {"port": 9, "host": "::1"}  # keys merge onto the section
+    nested = changed.evolve(server={"backend_options": {"address": "auto"}}).evolve(server={"backend_options": {"max_restarts": 2}})
+    assert nested.server["backend_options"] == {"address": "auto", "max_restarts": 2}  # objects within it too
     with pytest.raises(ConfigError):
         config.evolve(block_size=0)

@@ -24,7 +24,7 @@ examples:
   hetero-infer --input-file prompts.jsonl --output-file results.jsonl
   hetero-infer --input-file prompts.jsonl --data-parallel-size 2      (replicas on Ray: hetero-serve-ray)
   hetero-infer serve --port 8000                                      (the OpenAI server: hetero-serve-openai)
-  hetero-infer serve --data-parallel-size 2 [--ray-address HOST:PORT]
+  hetero-infer serve --data-parallel-size 2 [-o server.backend_options.address=HOST:PORT]
   hetero-infer plugins
   hetero-infer bench serve --rate 4       (also: bench throughput, bench attention; --help for each)
   hetero-infer export-tokenizer DIR       (tokenizer.json and tokenizer_config.json, for transformers and lm-eval)

@@ -24,10 +24,9 @@ ENGINE_FLAGS = (
     "model",
     "seed",
     "data_parallel_size",
-    "ray_address",
 )
 COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor", "structured_output")  # a name; the file's options stay when the name is the same
-SECTIONS = ("server",)  # config sections whose keys -o sets: SECTION.KEY=VALUE
+SECTIONS = ("server",)  # config sections whose keys -o sets: SECTION.KEY=VALUE, or SECTION.KEY.INNER=VALUE within an object
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +47,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="COMPONENT.KEY=VALUE",
         help="a component option, e.g. executor.dtype=float32 or cache_allocator.enable_prefix_caching=false, or a server key,"
-        " e.g. server.backend=command_bridge (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
+        " e.g. server.backend=command_bridge or server.backend_options.address=HOST:PORT (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
     )
     group.add_argument("--seed", type=int, help="seed for unseeded sampling")
     for flag, kind in (
@@ -62,7 +61,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     ):
         group.add_argument(flag, type=kind)
     group.add_argument("--data-parallel-size", type=int, help="engine replicas for serve and --input-file (default 1; above 1 needs hetero-serve-ray)")
-    group.add_argument("--ray-address", help="the Ray cluster the replicas join (host:port or 'auto'; default: start one here)")
+    group.add_argument("--ray-address", help=argparse.SUPPRESS)  # moved to the ray backend's options: refused with a pointer
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +84,10 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The config file (or defaults) with every given flag applied on top."""
     if args.dtype is not None:
         raise ConfigError(f"--dtype is the executor's option now: use -o executor.dtype={args.dtype}", param="dtype")
+    if args.ray_address is not None:
+        raise ConfigError(
+            f"--ray-address is the ray backend's option now: use -o server.backend_options.address={args.ray_address}", param="ray_address"
+        )
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     changes: dict[str, Any] = {key: getattr(args, key) for key in ENGINE_FLAGS if getattr(args, key) is not None}
     assigned = component_options(args.option)
@@ -114,7 +117,16 @@ def component_options(assignments: list[str]) -> dict[str, dict[str, Any]]:
             value = json.loads(text)
         except ValueError:
             value = text
-        grouped.setdefault(component, {})[key] = value
+        if component in SECTIONS:  # a dotted key sets a key of an object within the section
+            *outer, key = key.split(".")
+            target_object = grouped.setdefault(component, {})
+            for name in outer:
+                target_object = target_object.setdefault(name, {})
+                if not isinstance(target_object, dict):
+                    raise ConfigError(f"--option {assignment!r} sets a key within {component}.{name}, which is not an object", param="option")
+            target_object[key] = value
+        else:
+            grouped.setdefault(component, {})[key] = value
     return grouped
 
 

@@ -80,8 +80,15 @@ def test_a_backend_that_cannot_load_raises() -> None:
 
 
 def test_the_data_parallel_flags_set_the_config_keys() -> None:
-    config = engine_config(build_parser().parse_args(["--data-parallel-size", "3", "--ray-address", "10.0.0.1:6379"]))
-    assert config.data_parallel_size == 3 and config.ray_address == "10.0.0.1:6379"
+    arguments = ["--data-parallel-size", "3", "-o", "server.backend_options.address=10.0.0.1:6379", "-o", "server.backend_options.max_restarts=2"]
+    config = engine_config(build_parser().parse_args(arguments))
+    assert config.data_parallel_size == 3
+    assert config.server["backend_options"] == {"address": "10.0.0.1:6379", "max_restarts": 2}
+
+
+def test_the_ray_address_flag_points_at_the_backend_option() -> None:
+    with pytest.raises(ConfigError, match=r"use -o server.backend_options.address=10.0.0.1:6379"):
+        engine_config(build_parser().parse_args(["--ray-address", "10.0.0.1:6379"]))
 
 
 def test_replicas_apply_to_serve_and_input_files_only(capsys) -> None:

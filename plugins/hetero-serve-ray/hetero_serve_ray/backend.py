@@ -96,7 +96,7 @@ class RayBackend:
             "scheduling_strategy": "SPREAD",  # one replica per node while nodes last
             "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads)}},
         }
-        self.fleet = Fleet(config, actor_options, options.health_check_interval, options.health_check_timeout, self.policy.forget)
+        self.fleet = Fleet(config, options.address, actor_options, options.health_check_interval, options.health_check_timeout, self.policy.forget)
         self._flights: dict[str, Flight] = {}
         self._tokenizer: Tokenizer | None = None
         self._error: str | None = None  # the fleet could not be placed

@@ -23,27 +23,26 @@ import threading
 import ray
 import ray.exceptions
 
-from hetero_core.config import EngineConfig
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AUTH_FAILURE = re.compile(r"AuthenticationError: ([^\n]*?)(?:\.\s|\.?$)", re.MULTILINE)
 
 
-def connect(config: EngineConfig) -> bool:
-    """Join ``config.ray_address``, or start a private one-machine cluster when it is None. Blocks.
+def connect(address: str | None) -> bool:
+    """Join the cluster at ``address`` (``host:port``, or ``auto``), or start a private one-machine cluster when it is None. Blocks.
 
     Returns True when this call initialized Ray in this process (the caller then shuts it down); False when it already was.
     """
     if ray.is_initialized():
         return False
-    if config.ray_address is None:  # a private cluster, even where `ray start` made one
+    if address is None:  # a private cluster, even where `ray start` made one
         # Ray runs its workers at nice 15 by default; replicas are the work itself, not background jobs
         ray.init(address="local", _system_config={"worker_niceness": 0})
         return True
     try:
-        ray.init(address=config.ray_address)
+        ray.init(address=address)
     except ConnectionError as exc:
-        raise ConnectionError(connection_failure(config.ray_address, exc)) from exc
+        raise ConnectionError(connection_failure(address, exc)) from exc
     return True
 
 

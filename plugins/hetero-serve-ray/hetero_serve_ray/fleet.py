@@ -62,15 +62,17 @@ class Replica:
 class Fleet:
     """``config.data_parallel_size`` replicas of ``config``'s engine.
 
+    :param address: the Ray cluster to join; None starts a private one (see :func:`~hetero_serve_ray.cluster.connect`).
     :param actor_options: Ray actor options (resources, restarts, placement, runtime environment).
     :param on_lost: called with a replica's index when it leaves routing.
     """
 
     def __init__(
-        self, config: EngineConfig, actor_options: dict[str, Any], health_check_interval: float, health_check_timeout: float,
-        on_lost: Callable[[int], None],
+        self, config: EngineConfig, address: str | None, actor_options: dict[str, Any], health_check_interval: float,
+        health_check_timeout: float, on_lost: Callable[[int], None],
     ) -> None:
         self.config = config
+        self.address = address
         self.actor_options = actor_options
         self.health_check_interval = health_check_interval
         self.health_check_timeout = health_check_timeout
@@ -82,7 +84,7 @@ class Fleet:
 
     def place(self) -> None:
         """Join (or start) the cluster and create the actors. Blocks."""
-        self._owns_ray = connect(self.config)
+        self._owns_ray = connect(self.address)
         replica_config = self.config.evolve(data_parallel_size=1)
         actor_class = ray.remote(EngineReplica).options(**self.actor_options)
         log_level = structlog.get_logger().bind().get_effective_level()  # replicas log like the front end

@@ -17,10 +17,17 @@ def _routing_name(_instance: Any, attribute: Any, value: Any) -> None:
         raise ConfigError(f"{attribute.name} must be a policy name or 'package.module:factory', got {value!r}", param=attribute.name)
 
 
+def _address(_instance: Any, attribute: Any, value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{attribute.name} must be host:port, 'auto' or null, got {value!r}", param=attribute.name)
+
+
 @attrs.frozen
 class RayBackendOptions:
     """What :class:`~hetero_serve_ray.backend.RayBackend` takes besides the config.
 
+    :param address: the Ray cluster the replicas join (``host:port``, or ``auto`` for the one ``ray start`` made
+        on this machine); None starts a private one-machine cluster.
     :param routing: a policy of :mod:`hetero_serve_ray.routing` by name, or ``"module:factory"``.
     :param routing_options: keyword options for the policy.
     :param num_cpus_per_replica: CPUs Ray reserves for each replica; also its default thread count.
@@ -31,6 +38,7 @@ class RayBackendOptions:
     :param health_check_timeout: seconds a replica may take to answer one.
     """
 
+    address: str | None = attrs.field(default=None, validator=_address)
     routing: str = attrs.field(default="prefix_affinity", validator=_routing_name)
     routing_options: Mapping[str, Any] = attrs.field(factory=dict, converter=named_options("routing_options"))
     num_cpus_per_replica: float = attrs.field(default=1, validator=number_in(0, 1024, error=ConfigError))

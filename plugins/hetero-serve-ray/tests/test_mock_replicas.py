@@ -204,7 +204,7 @@ def test_sigterm_drains_both_replicas(ray_cluster: str, tmp_path) -> None:
     config = mock_config(server={"model_name": "mock", "port": port, "drain_timeout": 30, "backend_options": {"num_cpus_per_replica": 0.25, "health_check_interval": 0.1}})
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config.to_json()))
-    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(path), "--data-parallel-size", "2", "--ray-address", ray_cluster]
+    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(path), "--data-parallel-size", "2", "-o", f"server.backend_options.address={ray_cluster}"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

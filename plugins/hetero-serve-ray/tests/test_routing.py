@@ -114,7 +114,7 @@ def test_backend_options_are_typed_and_refused_by_name_before_ray_starts() -> No
     def build(options: dict) -> None:
         create_backend(EngineConfig.from_mapping({"data_parallel_size": 2, "server": {"backend_options": options}}))
 
-    with pytest.raises(ConfigError, match="serving_backend 'ray' has no option 'bogus'; accepted: routing, routing_options"):
+    with pytest.raises(ConfigError, match="serving_backend 'ray' has no option 'bogus'; accepted: address, routing, routing_options"):
         build({"bogus": 1})
     with pytest.raises(ConfigError, match="num_cpus_per_replica must be a number in \\[0, 1024\\], got -1"):
         build({"num_cpus_per_replica": -1})
@@ -122,6 +122,8 @@ def test_backend_options_are_typed_and_refused_by_name_before_ray_starts() -> No
         build({"max_restarts": 1.5})
     with pytest.raises(ConfigError, match="routing_options must be an object"):
         build({"routing_options": [1]})
+    with pytest.raises(ConfigError, match="address must be host:port, 'auto' or null, got 6379"):
+        build({"address": 6379})
 
 
 def test_hetero_infer_plugins_shows_the_backend_options_with_their_defaults() -> None:

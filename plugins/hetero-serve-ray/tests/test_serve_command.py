@@ -149,7 +149,7 @@ def test_a_cluster_with_token_authentication_is_named_as_the_cause(tmp_path: Pat
         without_token = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
         without_token["RAY_gcs_server_port_wait_time_s"] = "1"  # one try to reach the cluster, not twenty
         done = subprocess.run(
-            [HETERO_INFER, "serve", "--config", str(config), "--data-parallel-size", "2", "--ray-address", address],
+            [HETERO_INFER, "serve", "--config", str(config), "--data-parallel-size", "2", "-o", f"server.backend_options.address={address}"],
             env=without_token, capture_output=True, text=True, timeout=120,
         )
         assert done.returncode != 0

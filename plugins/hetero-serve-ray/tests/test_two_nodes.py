@@ -71,7 +71,7 @@ def test_input_file_over_replicas_matches_one_engine(cluster: Cluster, tmp_path:
     (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
     command = [
         str(Path(sys.executable).parent / "hetero-infer"), "--input-file", str(tmp_path / "prompts.txt"), "--config", str(tmp_path / "config.json"),
-        "--data-parallel-size", "2", "--ray-address", cluster.address, "--max-tokens", "7", "--temperature", "0",
+        "--data-parallel-size", "2", "-o", f"server.backend_options.address={cluster.address}", "--max-tokens", "7", "--temperature", "0",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
