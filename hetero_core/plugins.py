@@ -5,11 +5,10 @@ reference components (:mod:`hetero_core.builtin`), installed distributions
 that declare an entry point in the ``hetero_infer`` group, and modules named
 in ``config.plugins.load``. ``HETERO_DISABLE_PLUGINS=a,b`` (or
 ``config.plugins.disable``) blocks plugins by name before they load.
-``HETERO_PLUGINS=a,b`` loads only those of the other installed plugins:
-the built-ins and the plugins that ship with hetero-infer
-(``BUNDLED_PLUGINS``, which provide the default components) still load
-unless disabled. A name in either list that names no plugin is an error
-listing the installed ones.
+``HETERO_PLUGINS=a,b`` loads only those of the installed plugins (the
+built-ins still load unless disabled); a component whose plugin it leaves
+out is then unknown, an error that lists the names on offer. A name in
+either list that names no plugin is an error listing the installed ones.
 
 A plugin that fails to import, to register or to describe its components is
 *broken*: it is logged and listed by name (``PluginManager.broken``,
@@ -40,7 +39,6 @@ ENTRY_POINT_GROUP = "hetero_infer"
 DISABLE_ENV = "HETERO_DISABLE_PLUGINS"
 ALLOW_ENV = "HETERO_PLUGINS"
 BUILTIN_PLUGIN = "builtin"
-BUNDLED_PLUGINS = frozenset({"huggingface", "schedulers", "paged", "torch", "numba-cuda", "structured-llguidance", "serve-openai"})
 
 
 class PluginManager(pluggy.PluginManager):
@@ -116,7 +114,7 @@ def create_plugin_manager(
         pm.register(builtin_plugin, name=BUILTIN_PLUGIN)
         pm.versions[BUILTIN_PLUGIN] = importlib.metadata.version("hetero-core")
     for name, entry_point in sorted(installed.items()):
-        if pm.is_blocked(name) or (allowed is not None and name not in allowed and name not in BUNDLED_PLUGINS):
+        if pm.is_blocked(name) or (allowed is not None and name not in allowed):
             continue
         _load_entry_point(pm, name, entry_point)
     for module_path in load:

@@ -169,8 +169,9 @@ def test_entry_points_and_the_allow_list(installed_distribution, monkeypatch) ->
     monkeypatch.setenv("HETERO_PLUGINS", "fake")
     allowed = ComponentRegistry(create_plugin_manager())
     assert "fake" in allowed.names("scheduler") and "sjf" not in allowed.names("scheduler")
-    # the built-ins and the bundled plugins that provide the default components still load
-    assert {"fcfs", "priority"} <= set(allowed.names("scheduler")) and "mock" in allowed.names("executor")
+    assert "fcfs" not in allowed.names("scheduler") and "mock" in allowed.names("executor")  # the built-ins still load
+    monkeypatch.setenv("HETERO_PLUGINS", "fake,schedulers")
+    assert {"fake", "fcfs", "priority"} <= set(ComponentRegistry(create_plugin_manager()).names("scheduler"))
     monkeypatch.setenv("HETERO_PLUGINS", "")
     monkeypatch.setenv("HETERO_DISABLE_PLUGINS", "fake")
     assert "fake" not in ComponentRegistry(create_plugin_manager()).names("scheduler")
