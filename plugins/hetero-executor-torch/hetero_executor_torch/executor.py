@@ -22,14 +22,13 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel, build_weights
 from hetero_executor_torch.prompt_scoring import score_prompts
-from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, cpu_flags
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, PackedLinear, cpu_flags
 from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
 from hetero_executor_torch.weight_cache import load_or_build, open_cache
 
 log = get_logger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-CPU_WARM_UP_TOKENS = PACKED_MAX_ROWS  # within the rows the 4-bit packed kernels take: the warm-up widens no 4-bit weight
 
 
 def resolve_device(device: str) -> torch.device:
@@ -85,6 +84,13 @@ def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype
     if weights == "auto" and (device.type != "cpu" or dtype == torch.float32 and dtype_option != "auto"):
         return "dense"
     return weights
+
+
+def packed_rows(model: LlamaModel) -> int:
+    """The most rows every packed layer of ``model`` multiplies without widening its weights
+    (:data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS` where none is packed)."""
+    linears = (linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    return min((linear.max_rows for linear in linears if isinstance(linear, PackedLinear)), default=PACKED_MAX_ROWS)
 
 
 class TorchExecutor:
@@ -230,8 +236,9 @@ class TorchExecutor:
 
     def warm_up(self, max_num_tokens: int, max_num_seqs: int) -> None:
         """Run a prefill step and decode steps once, through block 0 (still unused): on CUDA the largest
-        prefill, the largest decode and one of three sequences; on the CPU a prefill of at most
-        :data:`CPU_WARM_UP_TOKENS` tokens and decodes of one and three sequences.
+        prefill, the largest decode and one of three sequences; on the CPU a prefill and decodes of one and
+        three sequences, each within the rows every packed layer multiplies without widening
+        (:func:`packed_rows`).
 
         The first pass at a given size is slow (memory first touched, kernels
         picked or compiled, with decode graphs the largest batch's graph
@@ -242,20 +249,23 @@ class TorchExecutor:
         widening of packed weights for steps over the packed kernels' rows:
         the whole model's at every such step (a 256-token prefill and a
         32-sequence decode added half a second to a 0.5B model's start, more
-        to a 3B one's). So the prefill stays within the 4-bit kernels' rows,
-        and the first longer step pays the widening kernels' first call
-        (tens of milliseconds) instead; one sequence runs the one-call layers
-        and three the tiled kernel where the CPU has it.
+        to a 3B one's; a Q4_K_M file's 8-bit layers, which take two rows,
+        widened at an 8-token prefill and a 3-sequence decode). So the steps
+        stay within the packed kernels' rows, and the first longer step pays
+        the widening kernels' first call (tens of milliseconds) instead; one
+        sequence runs the one-call layers, and three the tiled kernel where
+        the CPU has it and every layer takes them.
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         cuda = self.device.type == "cuda"
-        length = max(2, max_num_tokens if cuda else min(max_num_tokens, CPU_WARM_UP_TOKENS))
+        rows = max(2, packed_rows(self.model))
+        length = max(2, max_num_tokens if cuda else min(max_num_tokens, rows))
         tokens = [0] * length
         table = [0] * -(-length // self.block_size)
         prefill = ScheduledSequence(0, tokens, 0, table, True, params, tokens, length, None)
         self.execute(ExecutionBatch([prefill], self.block_size))
         decodes = [ScheduledSequence(i, [0], 1, [0], True, params, [0, 0], 1, None) for i in range(max_num_seqs)]
-        for count in sorted({max_num_seqs, min(3, max_num_seqs)} if cuda else {1, min(3, max_num_seqs)}, reverse=True):
+        for count in sorted({max_num_seqs, min(3, max_num_seqs)} if cuda else {1, min(3, rows, max_num_seqs)}, reverse=True):
             self.execute(ExecutionBatch(decodes[:count], self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:

@@ -10,6 +10,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 from hetero_core.testing import ExecutorContract
 from hetero_executor_torch import TorchExecutor
+from hetero_executor_torch.executor import packed_rows
 from hetero_executor_torch.quantized import PackedLinear, fine_groups_run_packed
 
 from .conftest import tiny_engine, write_tiny_gguf, write_tiny_model
@@ -159,3 +160,28 @@ def test_prompt_logprobs_do_not_depend_on_chunking_slicing_or_the_cache(tiny_mod
     for a, b in zip(whole.prompt_logprobs[1:], chunked.prompt_logprobs[1:]):
         assert (a.token_id, a.rank, [t for t, _ in a.top]) == (b.token_id, b.rank, [t for t, _ in b.top])
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("weight_type", ["Q8_0", "Q4_0"])
+def test_the_cpu_warm_up_stays_within_every_packed_layers_rows(tmp_path, monkeypatch, weight_type: str) -> None:
+    """Widening a whole model's packed weights is the cost the warm-up must not pay at every start: its steps
+    stay within the rows each packed layer multiplies as it is (8-bit layers take fewer than 4-bit ones)."""
+    gguf = pytest.importorskip("gguf")
+    folder = write_tiny_model(tmp_path, seed=5)
+    path = write_tiny_gguf(folder, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
+    executor = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="auto", device="cpu")
+    layers = [linear for layer in executor.model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    packed = [linear for linear in layers if isinstance(linear, PackedLinear)]
+    assert packed, "no layer runs packed here"
+    assert packed_rows(executor.model) == min(linear.max_rows for linear in packed)
+    widened: list[PackedLinear] = []
+
+    def widen(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+        widened.append(self)
+        return torch.zeros(x.shape[0], self.out_features, dtype=x.dtype)
+
+    monkeypatch.setattr(PackedLinear, "_widened", widen)
+    executor.initialize_cache(64, 4)
+    executor.warm_up(256, 32)
+    if packed_rows(executor.model) >= 2:  # two rows is the least a warm-up prefill takes
+        assert not [linear for linear in widened if any(linear is layer for layer in layers)]
