@@ -81,10 +81,26 @@ def kv_bytes(batch: int, context: int, element_size: int) -> int:
 def torch_path(query, k_cache, v_cache, tables, lengths, dtype=torch.float32):
     """Gather every sequence's blocks into contiguous K/V in ``dtype``, then masked SDPA (grouped-query)."""
     batch = query.shape[0]
-    keys = k_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).to(dtype)
-    values = v_cache.index_select(0, tables.reshape(-1).long()).view(batch, -1, KV_HEADS, HEAD_SIZE).transpose(1, 2).to(dtype)
+    keys = (
+        k_cache.index_select(0, tables.reshape(-1).long())
+        .view(batch, -1, KV_HEADS, HEAD_SIZE)
+        .transpose(1, 2)
+        .to(dtype)
+    )
+    values = (
+        v_cache.index_select(0, tables.reshape(-1).long())
+        .view(batch, -1, KV_HEADS, HEAD_SIZE)
+        .transpose(1, 2)
+        .to(dtype)
+    )
     mask = (torch.arange(keys.shape[2], device=query.device)[None, :] < lengths[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(query.to(dtype).unsqueeze(2), keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True).squeeze(2).float()
+    return (
+        F.scaled_dot_product_attention(
+            query.to(dtype).unsqueeze(2), keys, values, attn_mask=mask, scale=SCALE, enable_gqa=True
+        )
+        .squeeze(2)
+        .float()
+    )
 
 
 def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
@@ -94,7 +110,9 @@ def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
         return (cache.view(torch.uint16) if cache.dtype == torch.bfloat16 else cache).numpy()
 
     for dtype in (torch.float32, torch.bfloat16):
-        print(f"CPU, batch {batch}, {dtype} cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
+        print(
+            f"CPU, batch {batch}, {dtype} cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads"
+        )
         for context in contexts:
             query, k_cache, v_cache, tables, lengths = problem(batch, context, "cpu", dtype)
             out = np.zeros(query.shape, dtype=np.float32)
@@ -117,18 +135,29 @@ def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
 def cpu_prefill_benchmark(chunks: list[int], repeats: int) -> None:
     from hetero_kernels import cpu
 
-    print(f"CPU prefill, one causal chunk, bfloat16 cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads")
+    print(
+        f"CPU prefill, one causal chunk, bfloat16 cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads"
+    )
     for length in chunks:
         query, k_cache, v_cache, tables, _ = problem(1, length, "cpu", torch.bfloat16)
         query = bfloat16_numbers(torch.randn(length, HEADS, HEAD_SIZE))
         out = np.zeros(query.shape, dtype=np.float32)
         starts, lengths = np.array([0, length], dtype=np.int32), np.array([length], dtype=np.int32)
-        arrays = (query.numpy(), k_cache.view(torch.uint16).numpy(), v_cache.view(torch.uint16).numpy(), tables.numpy(), starts, lengths)
+        arrays = (
+            query.numpy(),
+            k_cache.view(torch.uint16).numpy(),
+            v_cache.view(torch.uint16).numpy(),
+            tables.numpy(),
+            starts,
+            lengths,
+        )
         other = (unrounded(arrays[0]), *arrays[1:])
         float32_time = median_seconds(lambda: cpu.paged_prefill_attention(np.zeros_like(out), *other, SCALE), repeats)
         numba_time = median_seconds(lambda: cpu.paged_prefill_attention(out, *arrays, SCALE), repeats)
 
-        def contiguous(cache: torch.Tensor) -> torch.Tensor:  # the chunk's own keys or values, [1, kv_heads, length, head_size]
+        def contiguous(
+            cache: torch.Tensor,
+        ) -> torch.Tensor:  # the chunk's own keys or values, [1, kv_heads, length, head_size]
             return cache.index_select(0, tables[0].long()).view(-1, KV_HEADS, HEAD_SIZE)[:length].transpose(0, 1)[None]
 
         q, keys, values = query.bfloat16().transpose(0, 1)[None], contiguous(k_cache), contiguous(v_cache)
@@ -199,7 +228,9 @@ def cuda_benchmark(batches: list[int], contexts: list[int], dtypes: list[str]) -
             for context in contexts:
                 query, k_cache, v_cache, tables, lengths = problem(batch, context, "cuda", dtype)
                 out = torch.empty(query.shape, dtype=torch.float32, device="cuda")
-                kernel_time, how = gpu_seconds(lambda: kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lengths, SCALE))
+                kernel_time, how = gpu_seconds(
+                    lambda: kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lengths, SCALE)
+                )
                 q = query.to(dtype)
                 torch_time, _ = gpu_seconds(lambda: torch_path(q, k_cache, v_cache, tables, lengths, dtype))
                 error = (out - torch_path(query, k_cache, v_cache, tables, lengths)).abs().max().item()
@@ -215,14 +246,22 @@ def cuda_benchmark(batches: list[int], contexts: list[int], dtypes: list[str]) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=32, help="CPU decode batch")
-    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048], help="CPU decode contexts")
+    parser.add_argument(
+        "--contexts", type=int, nargs="+", default=[128, 256, 512, 1024, 2048], help="CPU decode contexts"
+    )
     parser.add_argument("--chunks", type=int, nargs="+", default=[64, 256, 512, 1024], help="prefill chunk lengths")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads for torch and numba")
     parser.add_argument("--repeats", type=int, default=9, help="timed CPU runs per measurement (the median is shown)")
     parser.add_argument("--gpu-batches", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--gpu-contexts", type=int, nargs="+", default=[256, 1024, 4096, 8192])
-    parser.add_argument("--gpu-dtypes", nargs="+", default=["bfloat16", "float16", "float32"], help="cache dtypes on the GPU")
-    parser.add_argument("--gpu-shape", default="", help="the CUDA kernels' launch shape, as hetero_kernels.cuda.configure's keywords: tile=256,lanes_per_key=8")
+    parser.add_argument(
+        "--gpu-dtypes", nargs="+", default=["bfloat16", "float16", "float32"], help="cache dtypes on the GPU"
+    )
+    parser.add_argument(
+        "--gpu-shape",
+        default="",
+        help="the CUDA kernels' launch shape, as hetero_kernels.cuda.configure's keywords: tile=256,lanes_per_key=8",
+    )
     parser.add_argument("--gpu-only", action="store_true", help="skip the CPU measurements")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -231,7 +270,9 @@ def main() -> None:
         if args.gpu_shape:
             from hetero_kernels import cuda as kernels
 
-            kernels.configure(**{key: int(value) for key, value in (item.split("=") for item in args.gpu_shape.split(","))})
+            kernels.configure(
+                **{key: int(value) for key, value in (item.split("=") for item in args.gpu_shape.split(","))}
+            )
         cuda_benchmark(args.gpu_batches, args.gpu_contexts, args.gpu_dtypes)
     if not args.gpu_only:
         cpu_benchmark(args.batch, args.contexts, args.repeats)

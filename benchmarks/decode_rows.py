@@ -42,7 +42,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     engines = {"with": engine(args.model, True), "without": engine(args.model, False)}
     params = GenerationParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
-    print(f"{args.threads} threads; generated tokens/s, best of {args.rounds} rounds (small-batch kernels / without them)")
+    print(
+        f"{args.threads} threads; generated tokens/s, best of {args.rounds} rounds (small-batch kernels / without them)"
+    )
     for count in (int(n) for n in args.sequences.split(",")):
         prompts = [f"Tell me a long story about the number {i} and its friends." for i in range(count)]
         best = dict.fromkeys(engines, 0.0)
@@ -50,8 +52,13 @@ def main() -> None:
             for name, running in engines.items():
                 started = time.perf_counter()
                 records = running.generate(prompts, params)
-                best[name] = max(best[name], sum(len(r.generated_tokens) for r in records) / (time.perf_counter() - started))
-        print(f"  {count:3d} sequences: {best['with']:7.1f} / {best['without']:7.1f}  ({best['with'] / best['without']:.2f}x)", flush=True)
+                best[name] = max(
+                    best[name], sum(len(r.generated_tokens) for r in records) / (time.perf_counter() - started)
+                )
+        print(
+            f"  {count:3d} sequences: {best['with']:7.1f} / {best['without']:7.1f}  ({best['with'] / best['without']:.2f}x)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

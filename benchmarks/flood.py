@@ -36,7 +36,9 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this client needs one descriptor per connection
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "config.json"
-    config.write_text(json.dumps({"tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "server": {"port": port}}))
+    config.write_text(
+        json.dumps({"tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "server": {"port": port}})
+    )
     limit = args.file_limit
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(config)],

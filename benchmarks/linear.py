@@ -24,7 +24,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetero_executor_torch.quantized import DenseLinear, GroupQuantized, Int4Weights, Int8Weights, TiledInt4Weights, VnniInt4Weights, tiles_kernel, vnni_kernel
+from hetero_executor_torch.quantized import (
+    DenseLinear,
+    GroupQuantized,
+    Int4Weights,
+    Int8Weights,
+    TiledInt4Weights,
+    VnniInt4Weights,
+    tiles_kernel,
+    vnni_kernel,
+)
 
 SHAPES = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 
@@ -44,7 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--copies", type=int, default=1, help="distinct copies of each weight, used in turn (30: from memory)")
+    parser.add_argument(
+        "--copies", type=int, default=1, help="distinct copies of each weight, used in turn (30: from memory)"
+    )
     args = parser.parse_args()
     if args.copies < 1:
         parser.error(f"--copies must be at least 1, got {args.copies}")
@@ -52,11 +63,19 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     kernel = vnni_kernel(torch.bfloat16, torch.device("cpu"), 64)
     tiled_kernel = tiles_kernel(torch.bfloat16, torch.device("cpu"), torch.Size([16, 32]))
-    columns = "int4 / " + ("int4 VNNI / " if kernel else "") + ("int4 tiled / " if tiled_kernel else "") + "int8 / bf16 plain / bf16 blocked"
+    columns = (
+        "int4 / "
+        + ("int4 VNNI / " if kernel else "")
+        + ("int4 tiled / " if tiled_kernel else "")
+        + "int8 / bf16 plain / bf16 blocked"
+    )
     print(f"{args.threads} threads; microseconds per call ({columns}) by rows")
     with torch.inference_mode():
         for name, (out_features, in_features) in SHAPES.items():
-            copies = [weights_of(out_features, in_features, kernel, tiled_kernel) for _ in range(1 if name == "head" else args.copies)]
+            copies = [
+                weights_of(out_features, in_features, kernel, tiled_kernel)
+                for _ in range(1 if name == "head" else args.copies)
+            ]
             cells = []
             for n in rows:
                 x = torch.randn(n, in_features, dtype=torch.bfloat16)

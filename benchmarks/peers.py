@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 import torch
-from hetero_executor_torch import resolve_device
 
+from hetero_executor_torch import resolve_device
 from workload import Request
 
 HF_BATCH = 32  # transformers runs the batched workloads in padded batches of this many, in submission order
@@ -25,7 +25,9 @@ def load_transformers(path, dtype: torch.dtype):
 
     if path.is_file():
         dense = transformers.GgufConfig(dequantize=True)
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype, quantization_config=dense)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=dtype, quantization_config=dense
+        )
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.to(resolve_device("auto")).eval()
@@ -49,8 +51,13 @@ def timed_generate(model, requests: list[Request]) -> list[float]:
     mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in requests])
     clock = Clock()
     model.generate(
-        input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-        pad_token_id=PAD, logits_processor=transformers.LogitsProcessorList([clock]),
+        input_ids=ids.to(model.device),
+        attention_mask=mask.to(model.device),
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        do_sample=False,
+        pad_token_id=PAD,
+        logits_processor=transformers.LogitsProcessorList([clock]),
     )
     return clock.times
 
@@ -70,8 +77,13 @@ def run_transformers(path, dtype: torch.dtype, requests: list[Request], sequenti
             decode_tokens += sum(r.new_tokens - 1 for r in chunk)  # the useful ones; padded rows run on to the longest
             decode_seconds += times[-1] - times[0]
         elapsed = time.monotonic() - started
-    return {"elapsed": elapsed, "output_tokens": sum(r.new_tokens for r in requests), "ttfts": ttfts,
-            "decode_tokens": decode_tokens, "decode_seconds": decode_seconds}
+    return {
+        "elapsed": elapsed,
+        "output_tokens": sum(r.new_tokens for r in requests),
+        "ttfts": ttfts,
+        "decode_tokens": decode_tokens,
+        "decode_seconds": decode_seconds,
+    }
 
 
 def llama_cpp_available() -> bool:
@@ -86,12 +98,14 @@ def run_llama_cpp(path, requests: list[Request], threads: int) -> dict:
     """llama-cpp-python on the same GGUF, one request at a time (its Python API decodes one sequence)."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(path), n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    llm = Llama(
+        model_path=str(path), n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
 
     def generate(request: Request) -> list[float]:
         llm.reset()
         times = []
-        for token in llm.generate(request.prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
+        for _token in llm.generate(request.prompt, temp=0.0, top_k=1, repeat_penalty=1.0, reset=True):
             times.append(time.monotonic())
             if len(times) == request.new_tokens:
                 break
@@ -106,5 +120,10 @@ def run_llama_cpp(path, requests: list[Request], threads: int) -> dict:
         ttfts.append(times[0] - submitted)
         decode_seconds += times[-1] - times[0]
     elapsed = time.monotonic() - started
-    return {"elapsed": elapsed, "output_tokens": sum(r.new_tokens for r in requests), "ttfts": ttfts,
-            "decode_tokens": sum(r.new_tokens - 1 for r in requests), "decode_seconds": decode_seconds}
+    return {
+        "elapsed": elapsed,
+        "output_tokens": sum(r.new_tokens for r in requests),
+        "ttfts": ttfts,
+        "decode_tokens": sum(r.new_tokens - 1 for r in requests),
+        "decode_seconds": decode_seconds,
+    }

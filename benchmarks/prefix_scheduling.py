@@ -35,7 +35,9 @@ def shared_prompt_workload(
     """The prompts in arrival order: request ``i`` belongs to group ``i % groups``."""
     rng = random.Random(seed)
     prefixes = [[rng.choice(token_ids) for _ in range(prefix_tokens)] for _ in range(groups)]
-    return [prefixes[i % groups] + [rng.choice(token_ids) for _ in range(suffix_tokens)] for i in range(groups * per_group)]
+    return [
+        prefixes[i % groups] + [rng.choice(token_ids) for _ in range(suffix_tokens)] for i in range(groups * per_group)
+    ]
 
 
 def engine_config(policy: str, args: argparse.Namespace):
@@ -47,10 +49,20 @@ def engine_config(policy: str, args: argparse.Namespace):
     else:
         executor = {"name": "torch", "num_threads": args.threads}
         tokenizer = "huggingface"
-    scheduler = {"name": policy, "max_overtakes": args.max_overtakes} if policy == "lpm" and args.max_overtakes is not None else policy
+    scheduler = (
+        {"name": policy, "max_overtakes": args.max_overtakes}
+        if policy == "lpm" and args.max_overtakes is not None
+        else policy
+    )
     return EngineConfig(
-        scheduler=scheduler, executor=executor, tokenizer=tokenizer, block_size=16, max_num_blocks=args.kv_blocks,
-        max_num_seqs=args.max_num_seqs, max_batch_size=args.max_num_seqs, max_total_tokens=args.max_total_tokens,
+        scheduler=scheduler,
+        executor=executor,
+        tokenizer=tokenizer,
+        block_size=16,
+        max_num_blocks=args.kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_batch_size=args.max_num_seqs,
+        max_total_tokens=args.max_total_tokens,
         max_model_len=2048,
     )
 
@@ -61,7 +73,10 @@ def run(policy: str, prompts: list[list[int]], args: argparse.Namespace) -> dict
 
     engine = InferenceEngine(engine_config(policy, args))
     try:
-        engine.generate([[100 + i] * 64 for i in range(args.max_num_seqs)], GenerationParams(temperature=0, max_tokens=2, ignore_eos=True))
+        engine.generate(
+            [[100 + i] * 64 for i in range(args.max_num_seqs)],
+            GenerationParams(temperature=0, max_tokens=2, ignore_eos=True),
+        )
         engine.allocator.reset_prefix_cache()
         metrics = engine.metrics
         queries, hits, preemptions = metrics.prefix_cache_queries, metrics.prefix_cache_hits, metrics.num_preemptions
@@ -101,7 +116,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--max-total-tokens", type=int, default=2048)
     parser.add_argument("--max-overtakes", type=int, help="the lpm option (default: the policy's)")
-    parser.add_argument("--executor", choices=["torch", "mock"], default="torch", help="mock: hit rates only, timings mean nothing")
+    parser.add_argument(
+        "--executor", choices=["torch", "mock"], default="torch", help="mock: hit rates only, timings mean nothing"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
@@ -110,7 +127,9 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown policies {', '.join(unknown)}; known: {', '.join(POLICIES)}")
 
-    token_ids = range(256) if args.executor == "mock" else range(17, 49152)  # the simple tokenizer's bytes; no control ids
+    token_ids = (
+        range(256) if args.executor == "mock" else range(17, 49152)
+    )  # the simple tokenizer's bytes; no control ids
     prompts = shared_prompt_workload(args.groups, args.per_group, args.prefix_tokens, args.suffix_tokens, token_ids)
     print(
         f"{len(prompts)} requests: {args.groups} system prompts of {args.prefix_tokens} tokens x {args.per_group} requests,"
@@ -118,7 +137,7 @@ def main() -> None:
         f" of 16, max_num_seqs {args.max_num_seqs}, executor {args.executor}, {args.threads} threads"
     )
     outputs: dict[str, list] = {}
-    for repeat in range(args.repeats):
+    for _ in range(args.repeats):
         for policy in policies:
             r = run(policy, prompts, args)
             outputs.setdefault(policy, r.pop("outputs"))

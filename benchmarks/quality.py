@@ -44,8 +44,8 @@ from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
-from hetero_executor_torch import TorchExecutor, resolve_device
 from hetero_core.step_layout import layout
+from hetero_executor_torch import TorchExecutor, resolve_device
 
 CHATS = [
     "What is the capital of France?",
@@ -79,7 +79,13 @@ BLOCK = 16
 
 def reference_answers(engine: InferenceEngine, new_tokens: int) -> list[tuple[list[int], list[int]]]:
     params = GenerationParams(temperature=0.0, max_tokens=new_tokens)
-    records = engine.generate([engine.tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True) for c in CHATS], params)
+    records = engine.generate(
+        [
+            engine.tokenizer.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True)
+            for c in CHATS
+        ],
+        params,
+    )
     return [(r.input_tokens, r.generated_tokens) for r in records]
 
 
@@ -94,7 +100,17 @@ def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> 
     greedy = GenerationParams(temperature=0.0)
     for offset, token in enumerate(answer[:-1]):
         position = len(prompt) + offset
-        sequence = ScheduledSequence(0, [token], position, list(range(position // BLOCK + 1)), True, greedy, prompt + answer[: offset + 1], len(prompt), None)
+        sequence = ScheduledSequence(
+            0,
+            [token],
+            position,
+            list(range(position // BLOCK + 1)),
+            True,
+            greedy,
+            prompt + answer[: offset + 1],
+            len(prompt),
+            None,
+        )
         rows.append(executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], BLOCK)))))
     return torch.cat(rows)
 
@@ -104,7 +120,10 @@ def decoded_together(executor: TorchExecutor, samples: list[tuple[list[int], lis
     step a position decoding the next answer token of every chat that has one."""
     blocks_each = blocks_per_chat(samples)
     tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(len(samples))]
-    rows = [[executor.prefill_logits(p, table[: -(-len(p) // BLOCK)])[-1:]] for (p, _), table in zip(samples, tables)]
+    rows = [
+        [executor.prefill_logits(p, table[: -(-len(p) // BLOCK)])[-1:]]
+        for (p, _), table in zip(samples, tables, strict=True)
+    ]
     greedy = GenerationParams(temperature=0.0)
     for offset in range(max(len(a) for _, a in samples) - 1):
         live = [i for i, (_, a) in enumerate(samples) if offset < len(a) - 1]
@@ -112,7 +131,19 @@ def decoded_together(executor: TorchExecutor, samples: list[tuple[list[int], lis
         for i in live:
             prompt, answer = samples[i]
             position = len(prompt) + offset
-            step.append(ScheduledSequence(i, [answer[offset]], position, tables[i][: position // BLOCK + 1], True, greedy, prompt + answer[: offset + 1], len(prompt), None))
+            step.append(
+                ScheduledSequence(
+                    i,
+                    [answer[offset]],
+                    position,
+                    tables[i][: position // BLOCK + 1],
+                    True,
+                    greedy,
+                    prompt + answer[: offset + 1],
+                    len(prompt),
+                    None,
+                )
+            )
         ordered = layout(ExecutionBatch(step, BLOCK))  # shortest context first
         logits = executor.model.forward(*executor.model_inputs(ordered))
         for row, sequence in enumerate(ordered.sequences):
@@ -135,7 +166,10 @@ def compare(logits: torch.Tensor, reference: torch.Tensor) -> tuple[torch.Tensor
 def report(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], seconds: float) -> None:
     kl = torch.cat([p[0] for p in parts])
     agree = torch.cat([p[1] for p in parts]).float()
-    print(f"  {name:28s} KL mean {kl.mean():.5f}  max {kl.max():.4f}  top-1 agreement {agree.mean():.2%} over {len(kl)} positions ({seconds:.0f} s)", flush=True)
+    print(
+        f"  {name:28s} KL mean {kl.mean():.5f}  max {kl.max():.4f}  top-1 agreement {agree.mean():.2%} over {len(kl)} positions ({seconds:.0f} s)",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -143,7 +177,9 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--new-tokens", type=int, default=200)
     device = resolve_device("auto")  # where the executors below run
-    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS[device.type]), help=f"comma-separated, from {', '.join(CONFIGS)}")
+    parser.add_argument(
+        "--configs", default=",".join(DEFAULT_CONFIGS[device.type]), help=f"comma-separated, from {', '.join(CONFIGS)}"
+    )
     parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated, from {', '.join(PATHS)}")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
@@ -154,27 +190,49 @@ def main() -> None:
         parser.error(f"unknown config or path: {', '.join(unknown)}")
     torch.set_num_threads(args.threads)
     model = resolve_model_path(args.model)
-    config = EngineConfig(model=str(model), executor={"name": "torch", "dtype": "float32", "weights": "dense", "attention": "torch"}, max_model_len=1024, block_size=BLOCK)
+    config = EngineConfig(
+        model=str(model),
+        executor={"name": "torch", "dtype": "float32", "weights": "dense", "attention": "torch"},
+        max_model_len=1024,
+        block_size=BLOCK,
+    )
     engine = InferenceEngine(config)
     samples = reference_answers(engine, args.new_tokens)
     with torch.inference_mode():
         references = [whole_pass(engine.executor, p + a)[len(p) - 1 : -1] for p, a in samples]
     engine.close()
-    print(f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:")
+    print(
+        f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:"
+    )
     for name in configs:
         executor = TorchExecutor(config, **CONFIGS[name])
         executor.initialize_cache(len(samples) * blocks_per_chat(samples), BLOCK)
         with torch.inference_mode():
             if "batch-1" in paths:
                 started = time.monotonic()
-                report(f"hetero {name} batch-1", [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+                report(
+                    f"hetero {name} batch-1",
+                    [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references, strict=True)],
+                    time.monotonic() - started,
+                )
             if "decode-batch" in paths:
                 started = time.monotonic()
                 together = decoded_together(executor, samples)
-                report(f"hetero {name} decode-batch", [compare(logits, r) for logits, r in zip(together, references)], time.monotonic() - started)
+                report(
+                    f"hetero {name} decode-batch",
+                    [compare(logits, r) for logits, r in zip(together, references, strict=True)],
+                    time.monotonic() - started,
+                )
             if "batched" in paths:
                 started = time.monotonic()
-                report(f"hetero {name} batched", [compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)], time.monotonic() - started)
+                report(
+                    f"hetero {name} batched",
+                    [
+                        compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r)
+                        for (p, a), r in zip(samples, references, strict=True)
+                    ],
+                    time.monotonic() - started,
+                )
         executor.close()
     if not args.no_transformers:
         import transformers
@@ -184,11 +242,16 @@ def main() -> None:
                 hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=dtype)
             else:
                 dense = transformers.GgufConfig(dequantize=True)
-                hf = transformers.AutoModelForCausalLM.from_pretrained(str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense)
+                hf = transformers.AutoModelForCausalLM.from_pretrained(
+                    str(model.parent), gguf_file=model.name, dtype=dtype, quantization_config=dense
+                )
             hf = hf.to(device).eval()
             started = time.monotonic()
             with torch.inference_mode():
-                parts = [compare(hf(torch.tensor([p + a], device=device)).logits[0, len(p) - 1 : -1], r) for (p, a), r in zip(samples, references)]
+                parts = [
+                    compare(hf(torch.tensor([p + a], device=device)).logits[0, len(p) - 1 : -1], r)
+                    for (p, a), r in zip(samples, references, strict=True)
+                ]
             report(f"transformers {str(dtype).removeprefix('torch.')}", parts, time.monotonic() - started)
 
 

@@ -44,7 +44,9 @@ def quantize(source: Path, target: Path, file_type: str, threads: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--types", default="Q4_K_M,Q5_K_M,Q6_K,Q8_0", help=f"comma-separated, from {', '.join(FILE_TYPES)}")
+    parser.add_argument(
+        "--types", default="Q4_K_M,Q5_K_M,Q6_K,Q8_0", help=f"comma-separated, from {', '.join(FILE_TYPES)}"
+    )
     parser.add_argument("--source", type=Path, help="the file to requantize (default: the embedded SmolLM2)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()

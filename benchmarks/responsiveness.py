@@ -29,9 +29,17 @@ WORDS = "the quick brown fox jumps over the lazy dog "
 BIG_TEXT = WORDS * (3_600_000 // len(WORDS))  # 3.6 MB
 CASES = [
     ("3.6 MB prompt", "/v1/completions", {"prompt": BIG_TEXT, "max_tokens": 1}),
-    ("3.6 MB chat message", "/v1/chat/completions", {"messages": [{"role": "user", "content": BIG_TEXT}], "max_tokens": 1}),
+    (
+        "3.6 MB chat message",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": BIG_TEXT}], "max_tokens": 1},
+    ),
     ("1000 prompts x n=64", "/v1/completions", {"prompt": [f"p{i}" for i in range(1000)], "n": 64, "max_tokens": 4}),
-    ("16 prompts x n=16, 64 tokens", "/v1/completions", {"prompt": [f"p{i}" for i in range(16)], "n": 16, "max_tokens": 64, "ignore_eos": True}),
+    (
+        "16 prompts x n=16, 64 tokens",
+        "/v1/completions",
+        {"prompt": [f"p{i}" for i in range(16)], "n": 16, "max_tokens": 64, "ignore_eos": True},
+    ),
 ]
 
 
@@ -57,7 +65,9 @@ def measure(url: str, label: str, path: str, body: dict) -> None:
     answered: dict[str, httpx.Response] = {}
 
     def send() -> None:
-        answered["response"] = httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"}, timeout=900)
+        answered["response"] = httpx.post(
+            f"{url}{path}", content=content, headers={"content-type": "application/json"}, timeout=900
+        )
 
     heavy = threading.Thread(target=send)
     started = time.monotonic()
@@ -69,7 +79,10 @@ def measure(url: str, label: str, path: str, body: dict) -> None:
         worst = max(worst, time.monotonic() - before)
         time.sleep(0.01)
     elapsed = time.monotonic() - started
-    print(f"{label:30} status {answered['response'].status_code} in {elapsed:6.2f} s   worst /healthz {worst * 1000:6.0f} ms", flush=True)
+    print(
+        f"{label:30} status {answered['response'].status_code} in {elapsed:6.2f} s   worst /healthz {worst * 1000:6.0f} ms",
+        flush=True,
+    )
 
 
 def main() -> None:

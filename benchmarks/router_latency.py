@@ -34,8 +34,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import percentile  # noqa: E402
 
 MOCK = {
-    "tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "block_size": 4,
-    "plugins": {"disable": ["torch", "numba-cuda"]}, "data_parallel_size": 2,
+    "tokenizer": "simple",
+    "executor": {"name": "mock", "vocab_size": 128},
+    "block_size": 4,
+    "plugins": {"disable": ["torch", "numba-cuda"]},
+    "data_parallel_size": 2,
 }
 
 
@@ -57,7 +60,9 @@ def main() -> None:
     args = parser.parse_args()
     configure_logging(quiet=True)
     config = EngineConfig.from_mapping(MOCK)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0}
+    )
     print(f"{args.requests} single-token requests per measurement, load average {os.getloadavg()[0]:.1f}")
     for _ in range(args.rounds):
         with BackendClient(AsyncEngine(config)) as client:

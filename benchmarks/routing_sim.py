@@ -135,11 +135,19 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     parser.add_argument("--requests-per-replica", type=int, default=40)
     parser.add_argument("--tenants-per-replica", type=int, default=2)
-    parser.add_argument("--cache-blocks", type=int, default=4096, help="prefix-cache blocks per replica (16 tokens each)")
-    parser.add_argument("--tokens-per-second", type=float, default=5000.0, help="computed tokens per second per replica")
-    parser.add_argument("--cached-cost", type=float, default=0.05, help="cost of a cached prompt token relative to a computed one")
+    parser.add_argument(
+        "--cache-blocks", type=int, default=4096, help="prefix-cache blocks per replica (16 tokens each)"
+    )
+    parser.add_argument(
+        "--tokens-per-second", type=float, default=5000.0, help="computed tokens per second per replica"
+    )
+    parser.add_argument(
+        "--cached-cost", type=float, default=0.05, help="cost of a cached prompt token relative to a computed one"
+    )
     parser.add_argument("--utilization", type=float, default=0.7)
-    parser.add_argument("--policies", nargs="+", default=["prefix_affinity", "least_loaded", "random"], choices=sorted(POLICIES))
+    parser.add_argument(
+        "--policies", nargs="+", default=["prefix_affinity", "least_loaded", "random"], choices=sorted(POLICIES)
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(

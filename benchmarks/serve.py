@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -42,8 +43,13 @@ from workload import percentile, standard_prompts  # noqa: E402
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], new_tokens: int) -> dict:
     """One streamed completion; token counts come from the server's usage chunk, times from the chunks' arrival."""
     body = {
-        "model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True,
-        "stream": True, "stream_options": {"include_usage": True},
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": new_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     started = time.perf_counter()
     token_times: list[float] = []
@@ -63,13 +69,15 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     return {
         "ttft": token_times[0] - started,
         "tpot": (finished - token_times[0]) / max(1, output_tokens - 1),
-        "itl": [b - a for a, b in zip(token_times, token_times[1:])],
+        "itl": [b - a for a, b in itertools.pairwise(token_times)],
         "latency": finished - started,
         "output_tokens": output_tokens,
     }
 
 
-async def run_load(url: str, model: str, prompts: list[list[int]], new_tokens: int, rate: float | None, seed: int) -> tuple[list[dict], float]:
+async def run_load(
+    url: str, model: str, prompts: list[list[int]], new_tokens: int, rate: float | None, seed: int
+) -> tuple[list[dict], float]:
     rng = random.Random(seed)
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as client:
         started = time.perf_counter()
@@ -106,14 +114,30 @@ def report(results: list[dict], elapsed: float) -> float:
         ("TPOT", [r["tpot"] for r in results]),
         ("ITL", [x for r in results for x in r["itl"]]),
     ):
-        print(f"{name:15s} mean {statistics.mean(values) * 1e3:8.1f} ms   median {percentile(values, 50) * 1e3:8.1f} ms   p99 {percentile(values, 99) * 1e3:8.1f} ms")
+        print(
+            f"{name:15s} mean {statistics.mean(values) * 1e3:8.1f} ms   median {percentile(values, 50) * 1e3:8.1f} ms   p99 {percentile(values, 99) * 1e3:8.1f} ms"
+        )
     return throughput
 
 
 def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--port", str(port), "-o", f"executor.dtype={args.dtype}"]
-    command += ["--max-num-seqs", str(args.num_requests), "--max-batch-size", str(args.num_requests), "--max-model-len", "1024"]
+    command = [
+        str(Path(sys.executable).parent / "hetero-infer"),
+        "serve",
+        "--port",
+        str(port),
+        "-o",
+        f"executor.dtype={args.dtype}",
+    ]
+    command += [
+        "--max-num-seqs",
+        str(args.num_requests),
+        "--max-batch-size",
+        str(args.num_requests),
+        "--max-model-len",
+        "1024",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     if args.data_parallel_size > 1:
         threads = max(1, args.threads // args.data_parallel_size)
@@ -137,7 +161,10 @@ def offline_throughput(args: argparse.Namespace, prompts: list[list[int]]) -> fl
 
     torch.set_num_threads(args.threads)
     config = EngineConfig(
-        executor={"name": "torch", "dtype": args.dtype}, max_num_seqs=args.num_requests, max_batch_size=args.num_requests, max_model_len=1024
+        executor={"name": "torch", "dtype": args.dtype},
+        max_num_seqs=args.num_requests,
+        max_batch_size=args.num_requests,
+        max_model_len=1024,
     )
     engine = InferenceEngine(config)
     engine.generate(prompts[:2], GenerationParams(temperature=0.0, max_tokens=4))
@@ -156,9 +183,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vocab-size", type=int, default=49152, help="prompt token ids are drawn below this (default: SmolLM2's)")
+    parser.add_argument(
+        "--vocab-size", type=int, default=49152, help="prompt token ids are drawn below this (default: SmolLM2's)"
+    )
     parser.add_argument("--compare-offline", action="store_true")
-    parser.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas on Ray when the benchmark starts the server")
+    parser.add_argument(
+        "--data-parallel-size", type=int, default=1, help="engine replicas on Ray when the benchmark starts the server"
+    )
     parser.add_argument("--probes", type=int, default=20, help="single-token requests, one at a time, after the load")
     args = parser.parse_args()
 
@@ -179,7 +210,9 @@ def main() -> None:
             server.wait(timeout=60)
     served = report(results, elapsed)
     if probes:
-        print(f"single-token request latency, one at a time: median {percentile(probes, 50) * 1e3:.1f} ms over {len(probes)}")
+        print(
+            f"single-token request latency, one at a time: median {percentile(probes, 50) * 1e3:.1f} ms over {len(probes)}"
+        )
     if args.compare_offline:
         offline = offline_throughput(args, prompts)
         print(f"offline engine  {offline:.1f} output tokens/s; through the server: {served / offline:.0%} of it")

@@ -61,7 +61,13 @@ def child(peer: str, model: str | None, context: int, tokens: int, threads: int,
 
         from hetero_core.model_source import resolve_model_path
 
-        llm = Llama(model_path=str(resolve_model_path(model)), n_ctx=context, n_threads=threads, n_threads_batch=threads, verbose=False)
+        llm = Llama(
+            model_path=str(resolve_model_path(model)),
+            n_ctx=context,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+        )
         llm.create_completion(PROMPT, max_tokens=tokens, temperature=0)
     else:
         raise SystemExit(f"unknown peer {peer!r}: choose from imports, hetero, llama-cpp")
@@ -69,7 +75,18 @@ def child(peer: str, model: str | None, context: int, tokens: int, threads: int,
 
 
 def measure(peer: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--child", peer, "--context", str(args.context), "--tokens", str(args.tokens), "--threads", str(args.threads)]
+    command = [
+        sys.executable,
+        __file__,
+        "--child",
+        peer,
+        "--context",
+        str(args.context),
+        "--tokens",
+        str(args.tokens),
+        "--threads",
+        str(args.threads),
+    ]
     if args.model:
         command += ["--model", args.model]
     started = time.time()
@@ -98,7 +115,11 @@ def main() -> None:
     for _ in range(args.repeats + 1):
         for peer in peers:
             runs[peer].append(measure(peer, args))
-    print(f"model: {args.model or 'embedded SmolLM2'}" + (f" ({size / 2**20:.0f} MiB)" if size else "") + f"; KV pool {args.context} tokens; imports only: {imports:.0f} MiB")
+    print(
+        f"model: {args.model or 'embedded SmolLM2'}"
+        + (f" ({size / 2**20:.0f} MiB)" if size else "")
+        + f"; KV pool {args.context} tokens; imports only: {imports:.0f} MiB"
+    )
     print(f"{'peer':<10} {'cold start s':>12} {'warm start s':>12} {'peak RSS MiB':>12} {'beyond imports':>14}")
     for peer, results in runs.items():
         cold, warm = results[0], results[1:]

@@ -19,6 +19,7 @@ under torch.profiler (host ops, and device kernels where there is a GPU), and pr
 from __future__ import annotations
 
 import argparse
+
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from hetero_core import EngineConfig, GenerationParams, hookimpl
@@ -67,14 +68,25 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=20, help="rows of each op table")
     args = parser.parse_args()
 
-    executor = {"name": args.executor, "dtype": args.dtype, "decode_graphs": {"auto": "auto", "true": True, "false": False}[args.decode_graphs]}
+    executor = {
+        "name": args.executor,
+        "dtype": args.dtype,
+        "decode_graphs": {"auto": "auto", "true": True, "false": False}[args.decode_graphs],
+    }
     if args.executor == "torch":
         executor["attention"] = args.attention
     decodes = DecodeSteps()
     pm = create_plugin_manager()
     pm.register(decodes, name="decode-steps")
     tokenizer = {"tokenizer": args.tokenizer} if args.tokenizer else {}
-    config = EngineConfig(model=args.model, executor=executor, max_num_seqs=args.batch, max_batch_size=args.batch, max_model_len=1024, **tokenizer)
+    config = EngineConfig(
+        model=args.model,
+        executor=executor,
+        max_num_seqs=args.batch,
+        max_batch_size=args.batch,
+        max_model_len=1024,
+        **tokenizer,
+    )
     engine = InferenceEngine(config, plugin_manager=pm)
     ex = engine.executor
     ex.execute = labelled("execute", ex.execute)
@@ -116,11 +128,22 @@ def main() -> None:
     for region in REGIONS:
         if region in regions:
             event = regions[region]
-            print(f"  host in {region:13s} {event.cpu_time_total / 1e3 / event.count:8.3f} ms a call, {event.count} calls")
+            print(
+                f"  host in {region:13s} {event.cpu_time_total / 1e3 / event.count:8.3f} ms a call, {event.count} calls"
+            )
     if cuda:
         busy = sum(device_time_us(e) for e in events) / 1e3
-        print(f"  device busy {busy / (decode_steps + args.batch):.3f} ms a step (kernels' summed time over every step, prefill included)")
-        print(events.table(sort_by="self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total", row_limit=args.rows))
+        print(
+            f"  device busy {busy / (decode_steps + args.batch):.3f} ms a step (kernels' summed time over every step, prefill included)"
+        )
+        print(
+            events.table(
+                sort_by="self_device_time_total"
+                if hasattr(events[0], "self_device_time_total")
+                else "self_cuda_time_total",
+                row_limit=args.rows,
+            )
+        )
     print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
 
 

@@ -25,9 +25,9 @@ import attrs
 
 from hetero_core.model_source import resolve_model_path
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
-from hetero_serve_openai.tools import FunctionDefinition, tool_calls_constraint
 from hetero_core.structured_output import StructuredOutput, new_bitmask
 from hetero_core.testing.structured_output import Walker
+from hetero_serve_openai.tools import FunctionDefinition, tool_calls_constraint
 from hetero_tokenizer_hf import load_tokenizer
 
 
@@ -41,9 +41,16 @@ def load_schemas() -> dict:
 
 def constraints() -> dict[str, StructuredOutput]:
     built = {name: StructuredOutput.json_schema(schema) for name, schema in load_schemas().items()}
-    weather = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"],
+    }
     hours = {"type": "object", "properties": {"hours_ahead": {"type": "integer", "minimum": 0, "maximum": 12}}}
-    functions = [FunctionDefinition(name="get_weather", parameters=weather), FunctionDefinition(name="get_time", parameters=hours)]
+    functions = [
+        FunctionDefinition(name="get_weather", parameters=weather),
+        FunctionDefinition(name="get_time", parameters=hours),
+    ]
     built["tool call, 2 functions"] = tool_calls_constraint(functions, several=False)
     return built
 
@@ -63,10 +70,14 @@ def main() -> int:
     make_backend = lambda: registry.create("structured_output", args.backend, {}, tokenizer)  # noqa: E731
     start = time.perf_counter()
     make_backend()
-    print(f"backend {args.backend!r}: vocabulary of {tokenizer.vocab_size} tokens read in {(time.perf_counter() - start) * 1e3:.0f} ms")
+    print(
+        f"backend {args.backend!r}: vocabulary of {tokenizer.vocab_size} tokens read in {(time.perf_counter() - start) * 1e3:.0f} ms"
+    )
     walker = Walker(tokenizer)
     bitmask = new_bitmask(1, tokenizer.vocab_size)
-    print(f"{'schema':<26} {'cold ms':>8} {'cached us':>10} {'mask us p50/p99':>17} {'accept us p50':>14} {'tokens':>7}")
+    print(
+        f"{'schema':<26} {'cold ms':>8} {'cached us':>10} {'mask us p50/p99':>17} {'accept us p50':>14} {'tokens':>7}"
+    )
     for name, constraint in constraints().items():
         backend = make_backend()
         start = time.perf_counter()

@@ -31,7 +31,10 @@ SIZES = {  # hidden, intermediate, layers, heads, kv heads
     "0.5b": (1024, 4096, 24, 16, 4),
     "3b": (3072, 8192, 28, 24, 8),
 }
-F16_FACTORS = {T.Q4_K: ((0, 1e-4), (2, 1e-4)), T.Q6_K: ((208, 1e-5),)}  # (byte offset, size) of each block's f16 factors
+F16_FACTORS = {
+    T.Q4_K: ((0, 1e-4), (2, 1e-4)),
+    T.Q6_K: ((208, 1e-5),),
+}  # (byte offset, size) of each block's f16 factors
 MIXES = ("Q4_K_M", "Q6_K")
 
 
@@ -84,15 +87,27 @@ def write(path: Path, size: str, mix: str, seed: int = 0) -> None:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
 
-    shapes: list[tuple[str, tuple[int, int] | tuple[int], T | None]] = [("token_embd.weight", (vocab, hidden), T.Q4_K if mix != "Q6_K" else T.Q6_K)]
+    shapes: list[tuple[str, tuple[int, int] | tuple[int], T | None]] = [
+        ("token_embd.weight", (vocab, hidden), T.Q4_K if mix != "Q6_K" else T.Q6_K)
+    ]
     for i in range(layers):
         projections = {
-            "attn_q": (hidden, hidden), "attn_k": (kv_heads * head_size, hidden), "attn_v": (kv_heads * head_size, hidden),
-            "attn_output": (hidden, hidden), "ffn_gate": (intermediate, hidden), "ffn_up": (intermediate, hidden), "ffn_down": (hidden, intermediate),
+            "attn_q": (hidden, hidden),
+            "attn_k": (kv_heads * head_size, hidden),
+            "attn_v": (kv_heads * head_size, hidden),
+            "attn_output": (hidden, hidden),
+            "ffn_gate": (intermediate, hidden),
+            "ffn_up": (intermediate, hidden),
+            "ffn_down": (hidden, intermediate),
         }
         shapes += [(f"blk.{i}.attn_norm.weight", (hidden,), None), (f"blk.{i}.ffn_norm.weight", (hidden,), None)]
-        shapes += [(f"blk.{i}.{name}.weight", shape, tensor_type(mix, name, i, layers)) for name, shape in projections.items()]
-    shapes += [("output_norm.weight", (hidden,), None), ("output.weight", (vocab, hidden), tensor_type(mix, "output", 0, layers))]
+        shapes += [
+            (f"blk.{i}.{name}.weight", shape, tensor_type(mix, name, i, layers)) for name, shape in projections.items()
+        ]
+    shapes += [
+        ("output_norm.weight", (hidden,), None),
+        ("output.weight", (vocab, hidden), tensor_type(mix, "output", 0, layers)),
+    ]
 
     for name, shape, kind in shapes:
         if kind is None:
@@ -100,12 +115,14 @@ def write(path: Path, size: str, mix: str, seed: int = 0) -> None:
         else:
             block, block_bytes = gguf.GGML_QUANT_SIZES[kind]
             row_bytes = shape[1] // block * block_bytes
-            writer.add_tensor_info(name, (shape[0], row_bytes), np.dtype(np.uint8), shape[0] * row_bytes, raw_dtype=kind)
+            writer.add_tensor_info(
+                name, (shape[0], row_bytes), np.dtype(np.uint8), shape[0] * row_bytes, raw_dtype=kind
+            )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for name, shape, kind in shapes:
+    for _name, shape, kind in shapes:
         writer.write_tensor_data(np.ones(shape, np.float32) if kind is None else random_blocks(kind, *shape, rng))
     writer.close()
 

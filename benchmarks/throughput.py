@@ -44,7 +44,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from workload import WORKLOADS, Request, percentile, workload  # noqa: E402
 
 HETERO_PEERS = {
-    "hetero": {}, "hetero-json": {}, "hetero-dense-copy": {"dense_copy": True}, "hetero-dense": {"dtype": "bfloat16", "weights": "dense"},
+    "hetero": {},
+    "hetero-json": {},
+    "hetero-dense-copy": {"dense_copy": True},
+    "hetero-dense": {"dtype": "bfloat16", "weights": "dense"},
     "hetero-fp32": {"dtype": "float32", "weights": "dense"},
 }
 PEERS = (*HETERO_PEERS, "transformers-bf16", "transformers-fp32", "llama-cpp")
@@ -56,7 +59,11 @@ RECORDS = {  # an array of at least 50 small records: structure, integers, bound
     "minItems": 50,
     "items": {
         "type": "object",
-        "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 12}, "ok": {"type": "boolean"}},
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": "string", "maxLength": 12},
+            "ok": {"type": "boolean"},
+        },
         "required": ["id", "name", "ok"],
         "additionalProperties": False,
     },
@@ -105,7 +112,9 @@ def weight_bytes(model) -> int:
     def packed(linear):  # what a batch-1 step multiplies: the VNNI kernel's arrays where there are some
         return linear.vnni if getattr(linear, "vnni", None) is not None else linear.packed
 
-    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [model.lm_head]
+    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [
+        model.lm_head
+    ]
     return sum(array_bytes(packed(linear)) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
 
 
@@ -121,7 +130,9 @@ def compile_times_ms(engine) -> dict:
     return times
 
 
-def run_hetero(options: dict, requests: list[Request], sequential: bool, args: argparse.Namespace, *, constrained: bool = False) -> dict:
+def run_hetero(
+    options: dict, requests: list[Request], sequential: bool, args: argparse.Namespace, *, constrained: bool = False
+) -> dict:
     from hetero_core import EngineConfig, GenerationParams, hookimpl
     from hetero_core.engine import InferenceEngine
     from hetero_core.plugins import create_plugin_manager
@@ -139,12 +150,21 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
     pm = create_plugin_manager()
     pm.register(recorder, name="step-recorder")
     executor = {
-        "name": "torch", "dtype": args.dtype, "weights": args.weights, "attention": args.attention, "num_threads": args.threads,
-        "decode_graphs": DECODE_GRAPHS[args.decode_graphs], **options,
+        "name": "torch",
+        "dtype": args.dtype,
+        "weights": args.weights,
+        "attention": args.attention,
+        "num_threads": args.threads,
+        "decode_graphs": DECODE_GRAPHS[args.decode_graphs],
+        **options,
     }
     config = EngineConfig(
-        model=args.model, executor=executor, max_num_seqs=args.max_num_seqs, max_batch_size=args.max_num_seqs,
-        max_total_tokens=args.max_total_tokens, max_model_len=1024,
+        model=args.model,
+        executor=executor,
+        max_num_seqs=args.max_num_seqs,
+        max_batch_size=args.max_num_seqs,
+        max_total_tokens=args.max_total_tokens,
+        max_model_len=1024,
     )
     load_started = time.monotonic()
     engine = InferenceEngine(config, plugin_manager=pm)
@@ -169,7 +189,9 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
     execute_seconds[0] = 0.0
 
     def params(request: Request) -> GenerationParams:
-        return GenerationParams(temperature=0.0, max_tokens=request.new_tokens, ignore_eos=True, structured_output=constraint)
+        return GenerationParams(
+            temperature=0.0, max_tokens=request.new_tokens, ignore_eos=True, structured_output=constraint
+        )
 
     started = time.monotonic()
     if sequential:
@@ -186,12 +208,16 @@ def run_hetero(options: dict, requests: list[Request], sequential: bool, args: a
     step_seconds = sum(s.duration for s in recorder.steps)
     return {
         **(compile_times_ms(engine) if constrained else {}),
-        "elapsed": elapsed, "output_tokens": sum(r.new_tokens for r in requests),
+        "elapsed": elapsed,
+        "output_tokens": sum(r.new_tokens for r in requests),
         "ttfts": [r.time_to_first_token for r in records],
-        "decode_tokens": sum(s.num_decode_tokens for s in decode), "decode_seconds": sum(s.duration for s in decode),
+        "decode_tokens": sum(s.num_decode_tokens for s in decode),
+        "decode_seconds": sum(s.duration for s in decode),
         "engine_ms_per_step": (step_seconds - execute_seconds[0]) / max(1, len(recorder.steps)) * 1e3,
-        "steps": len(recorder.steps), "load_seconds": load_seconds,
-        "weights_mb": weight_bytes(model) / 2**20, "bandwidth_gbs": memory_bandwidth_gbs(engine.executor.device),
+        "steps": len(recorder.steps),
+        "load_seconds": load_seconds,
+        "weights_mb": weight_bytes(model) / 2**20,
+        "bandwidth_gbs": memory_bandwidth_gbs(engine.executor.device),
         "config": (
             f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention.name}, "
             f"decode graphs {engine.executor.graphs.num_graphs if engine.executor.graphs else 'off'}"
@@ -231,7 +257,9 @@ def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
 
 
 def spawn(peer: str, name: str, argv: list[str]) -> dict | None:
-    done = subprocess.run([sys.executable, __file__, *argv, "--child", f"{peer}:{name}"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, __file__, *argv, "--child", f"{peer}:{name}"], capture_output=True, text=True
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode or not lines:
         print(f"  {peer} on {name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}", file=sys.stderr)
@@ -275,7 +303,10 @@ def ratios(results: dict[str, list[dict]]) -> None:
         for other in (*unconstrained, "transformers-bf16", "transformers-fp32", "llama-cpp"):
             if other not in results:
                 continue
-            parts = [f"end-to-end {best(peer, end_to_end) / best(other, end_to_end):.2f}x", f"decode {best(peer, decode) / best(other, decode):.2f}x"]
+            parts = [
+                f"end-to-end {best(peer, end_to_end) / best(other, end_to_end):.2f}x",
+                f"decode {best(peer, decode) / best(other, decode):.2f}x",
+            ]
             if results[peer] and "ttft_longest" in results[peer][0]:
                 parts.append(f"TTFT(256) {best(peer, ttft) / best(other, ttft):.2f}x")
             print(f"  ratio {peer} / {other}: {', '.join(parts)}")
@@ -286,11 +317,25 @@ def main() -> None:
     parser.add_argument("--model", help="model path (default: the embedded SmolLM2)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--weights", default="auto", help="the torch executor's weights option for peer 'hetero'")
-    parser.add_argument("--attention", default="auto", choices=["auto", "torch", "numba", "numba-cuda"], help="the torch executor's attention backend")
-    parser.add_argument("--decode-graphs", default="auto", choices=list(DECODE_GRAPHS), help="the torch executor's decode graphs (auto: on CUDA)")
-    parser.add_argument("--workloads", default="standard,sequential", help=f"comma-separated, from {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--attention",
+        default="auto",
+        choices=["auto", "torch", "numba", "numba-cuda"],
+        help="the torch executor's attention backend",
+    )
+    parser.add_argument(
+        "--decode-graphs",
+        default="auto",
+        choices=list(DECODE_GRAPHS),
+        help="the torch executor's decode graphs (auto: on CUDA)",
+    )
+    parser.add_argument(
+        "--workloads", default="standard,sequential", help=f"comma-separated, from {', '.join(WORKLOADS)}"
+    )
     parser.add_argument("--peers", default="hetero", help=f"comma-separated, from {', '.join(PEERS)}")
-    parser.add_argument("--compare-hf", action="store_true", help="add transformers bf16 and fp32, and llama-cpp when installed")
+    parser.add_argument(
+        "--compare-hf", action="store_true", help="add transformers bf16 and fp32, and llama-cpp when installed"
+    )
     parser.add_argument("--num-requests", type=int, help="requests in the workload (default: 32, mixed 256)")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--max-total-tokens", type=int, default=4096)

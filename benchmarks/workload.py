@@ -21,7 +21,9 @@ class Request:
     new_tokens: int
 
 
-def standard_prompts(num_requests: int = 32, min_len: int = 16, max_len: int = 256, vocab_size: int = 49152, seed: int = 0) -> list[list[int]]:
+def standard_prompts(
+    num_requests: int = 32, min_len: int = 16, max_len: int = 256, vocab_size: int = 49152, seed: int = 0
+) -> list[list[int]]:
     """``num_requests`` prompts whose lengths run evenly from ``min_len`` to ``max_len`` (control ids avoided)."""
     rng = random.Random(seed)
     step = (max_len - min_len) / max(1, num_requests - 1)
@@ -44,7 +46,10 @@ def workload(name: str, num_requests: int | None = None, new_tokens: int = 64, s
         prompt_lens, output_lens = spread(count, 16, 512), spread(count, 16, 256)
         rng.shuffle(prompt_lens)
         rng.shuffle(output_lens)
-        return [Request([rng.randrange(17, 49152) for _ in range(p)], n) for p, n in zip(prompt_lens, output_lens)]
+        return [
+            Request([rng.randrange(17, 49152) for _ in range(p)], n)
+            for p, n in zip(prompt_lens, output_lens, strict=True)
+        ]
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 

@@ -2,6 +2,7 @@
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput, ScheduledSequence, TokenLogprobs
 from hetero_core.config import ComponentSpec, EngineConfig, PluginsConfig
+from hetero_core.engine import InferenceEngine  # last: it builds on everything above
 from hetero_core.errors import (
     CacheMemoryError,
     ConfigError,
@@ -16,9 +17,15 @@ from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
 from hetero_core.outputs import CompletedRequest, SequenceOutput, StreamDelta
 from hetero_core.params import GenerationParams
-from hetero_core.protocols import CacheAllocator, Executor, IncrementalDetokenizer, ModelInfo, SchedulerPolicy, Tokenizer
+from hetero_core.protocols import (
+    CacheAllocator,
+    Executor,
+    IncrementalDetokenizer,
+    ModelInfo,
+    SchedulerPolicy,
+    Tokenizer,
+)
 from hetero_core.sequence import FinishReason, Request, RequestState, Sequence
-from hetero_core.engine import InferenceEngine  # last: it builds on everything above
 
 __all__ = [
     "CacheAllocator",

@@ -9,7 +9,8 @@ argument or parameter at fault.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence as SequenceOf
+from typing import Any
+from typing import Sequence as SequenceOf
 
 from hetero_core.config import EngineConfig
 from hetero_core.errors import CacheMemoryError, ValidationError
@@ -95,4 +96,6 @@ class Admission:
                 param="prompt",
             )
         if params.n > self.config.max_num_seqs:
-            raise ValidationError(f"n must be at most max_num_seqs={self.config.max_num_seqs}, got {params.n}", param="n")
+            raise ValidationError(
+                f"n must be at most max_num_seqs={self.config.max_num_seqs}, got {params.n}", param="n"
+            )

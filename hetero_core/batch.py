@@ -47,7 +47,9 @@ class ScheduledSequence:
     all_token_ids: list[int]  # the whole sequence so far (prompt then output), for penalties; read-only
     num_prompt_tokens: int
     seed: int | None  # per-sample seed; with it, the token at a given position must not depend on batching
-    allowed_tokens: Any = None  # numpy int32 bitmask row (hetero_core.structured_output) of the tokens it may take; None: all
+    allowed_tokens: Any = (
+        None  # numpy int32 bitmask row (hetero_core.structured_output) of the tokens it may take; None: all
+    )
 
     @property
     def num_output_tokens(self) -> int:
@@ -59,7 +61,9 @@ class ScheduledSequence:
         while still in the prompt. Empty unless ``params.prompt_logprobs`` is set."""
         if self.params.prompt_logprobs is None:
             return range(0)
-        return range(self.start_position + 1, min(self.start_position + len(self.token_ids), self.num_prompt_tokens - 1) + 1)
+        return range(
+            self.start_position + 1, min(self.start_position + len(self.token_ids), self.num_prompt_tokens - 1) + 1
+        )
 
 
 @attrs.define
@@ -113,4 +117,6 @@ class ExecutionOutput:
     sampled_token_ids: dict[int, int]  # seq_id -> next token id
     logprobs: dict[int, TokenLogprobs] = attrs.field(factory=dict)  # only for sequences that asked
     errors: dict[int, str] = attrs.field(factory=dict)  # seq_id -> why no token could be produced
-    prompt_logprobs: dict[int, list[TokenLogprobs]] = attrs.field(factory=dict)  # seq_id -> one per scored prompt position
+    prompt_logprobs: dict[int, list[TokenLogprobs]] = attrs.field(
+        factory=dict
+    )  # seq_id -> one per scored prompt position

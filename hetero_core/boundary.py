@@ -24,8 +24,18 @@ def check_execution_output(output: Any, batch: ExecutionBatch, vocab_size: int, 
     """
     if not isinstance(output, ExecutionOutput):
         raise ExecutionError(f"executor plugin {plugin!r} returned {type(output).__name__}, not an ExecutionOutput")
-    tokens, logprobs, errors, prompt_logprobs = output.sampled_token_ids, output.logprobs, output.errors, output.prompt_logprobs
-    for name, value in (("sampled_token_ids", tokens), ("logprobs", logprobs), ("errors", errors), ("prompt_logprobs", prompt_logprobs)):
+    tokens, logprobs, errors, prompt_logprobs = (
+        output.sampled_token_ids,
+        output.logprobs,
+        output.errors,
+        output.prompt_logprobs,
+    )
+    for name, value in (
+        ("sampled_token_ids", tokens),
+        ("logprobs", logprobs),
+        ("errors", errors),
+        ("prompt_logprobs", prompt_logprobs),
+    ):
         if not isinstance(value, dict):
             raise ExecutionError(f"executor plugin {plugin!r} returned {name} as {type(value).__name__}, not a dict")
     problems: dict[int, str] = {}
@@ -36,7 +46,9 @@ def check_execution_output(output: Any, batch: ExecutionBatch, vocab_size: int, 
             continue
         problem = _prompt_logprobs_problem(seq, prompt_logprobs.get(seq.seq_id), vocab_size)
         if seq.do_sample and not problem:
-            problem = _token_problem(tokens.get(seq.seq_id), vocab_size) or _logprobs_problem(seq, logprobs, tokens, vocab_size)
+            problem = _token_problem(tokens.get(seq.seq_id), vocab_size) or _logprobs_problem(
+                seq, logprobs, tokens, vocab_size
+            )
         if problem:
             problems[seq.seq_id] = f"executor plugin {plugin!r} {problem} for sequence {seq.seq_id}"
     return problems
@@ -52,7 +64,9 @@ def _token_problem(token: Any, vocab_size: int) -> str | None:
     return None
 
 
-def _logprobs_problem(seq: ScheduledSequence, logprobs: dict[int, Any], tokens: dict[int, Any], vocab_size: int) -> str | None:
+def _logprobs_problem(
+    seq: ScheduledSequence, logprobs: dict[int, Any], tokens: dict[int, Any], vocab_size: int
+) -> str | None:
     wanted = seq.params.logprobs
     got = logprobs.get(seq.seq_id)
     if wanted is None:
@@ -70,7 +84,12 @@ def _top_problem(top: Any, wanted: int, vocab_size: int) -> str | None:
     if not isinstance(top, list) or len(top) != min(wanted, vocab_size):
         return f"returned {len(top) if isinstance(top, list) else top!r} top logprobs, not {wanted}"
     for entry in top:
-        if not (isinstance(entry, tuple) and len(entry) == 2 and _token_problem(entry[0], vocab_size) is None and _is_logprob(entry[1])):
+        if not (
+            isinstance(entry, tuple)
+            and len(entry) == 2
+            and _token_problem(entry[0], vocab_size) is None
+            and _is_logprob(entry[1])
+        ):
             return f"returned top logprob entry {entry!r}, not a (token, finite logprob <= 0) pair"
     return None
 
@@ -82,8 +101,10 @@ def _prompt_logprobs_problem(seq: ScheduledSequence, got: Any, vocab_size: int) 
         return None if not got else "returned prompt logprobs it was not asked for"
     if not isinstance(got, list) or len(got) != len(positions):
         count = len(got) if isinstance(got, list) else type(got).__name__
-        return f"returned {count} prompt logprobs, not one for each of the {len(positions)} prompt positions of the step"
-    for position, entry in zip(positions, got):
+        return (
+            f"returned {count} prompt logprobs, not one for each of the {len(positions)} prompt positions of the step"
+        )
+    for position, entry in zip(positions, got, strict=True):
         expected = seq.all_token_ids[position]
         if not isinstance(entry, TokenLogprobs) or entry.token_id != expected:
             return f"returned a prompt logprob entry {entry!r:.100} at position {position}, not the TokenLogprobs of token {expected}"

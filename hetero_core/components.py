@@ -86,7 +86,9 @@ class Registration:
         try:
             validated = self.options(**options)
         except EngineError as exc:
-            raise ConfigError(f"{self.point} {self.name!r} option {exc.message}", param=f"{self.point}.{exc.param}") from exc
+            raise ConfigError(
+                f"{self.point} {self.name!r} option {exc.message}", param=f"{self.point}.{exc.param}"
+            ) from exc
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{self.point} {self.name!r} options are invalid: {exc}", param=self.point) from exc
         return attrs.asdict(validated, recurse=False)
@@ -95,7 +97,10 @@ class Registration:
 def describe_options(registration: Registration) -> dict[str, dict[str, Any]]:
     """Each option: its type and default, as ``hetero-infer plugins`` shows them."""
     if registration.options is not None:
-        return {f.name: {"type": _type_name(f.type), "default": _default(f.default)} for f in attrs.fields(registration.options)}
+        return {
+            f.name: {"type": _type_name(f.type), "default": _default(f.default)}
+            for f in attrs.fields(registration.options)
+        }
     described = {}
     accepted = registration.accepted_options()
     if accepted is None:
@@ -153,7 +158,9 @@ class ComponentRegistry:
             if not callable(factory):
                 raise ConfigError(f"plugin {plugin!r} registered {point} {name!r} with a factory that is not callable")
             if options is not None and not attrs.has(options):
-                raise ConfigError(f"plugin {plugin!r} registered {point} {name!r} with options that are not an attrs class")
+                raise ConfigError(
+                    f"plugin {plugin!r} registered {point} {name!r} with options that are not an attrs class"
+                )
             existing = self._registrations[point].get(name)
             if existing is not None:
                 raise ConfigError(
@@ -174,7 +181,9 @@ class ComponentRegistry:
         registration = self._registrations[point].get(name)
         if registration is None:
             installed = ", ".join(repr(n) for n in self.names(point)) or "none"
-            raise ConfigError(f"unknown {point} {name!r}; installed: {installed}{self._why_missing(point, name)}", param=point)
+            raise ConfigError(
+                f"unknown {point} {name!r}; installed: {installed}{self._why_missing(point, name)}", param=point
+            )
         return registration
 
     def _why_missing(self, point: str, name: str) -> str:
@@ -184,7 +193,9 @@ class ComponentRegistry:
                 return f"; {point} {name!r} is provided by plugin {plugin!r}, which is disabled (HETERO_DISABLE_PLUGINS or plugins.disable)"
         broken = getattr(self._pm, "broken", {})
         if broken:
-            return "; broken plugins, which may provide it: " + "; ".join(f"{p!r} ({why})" for p, why in sorted(broken.items()))
+            return "; broken plugins, which may provide it: " + "; ".join(
+                f"{p!r} ({why})" for p, why in sorted(broken.items())
+            )
         return ""
 
     def create(self, point: str, name: str, options: Mapping[str, Any], *args: Any) -> Any:
@@ -201,7 +212,8 @@ class ComponentRegistry:
             raise
         except Exception as exc:
             raise ConfigError(
-                f"{point} {name!r} (plugin {registration.plugin!r}) failed to start: {type(exc).__name__}: {exc}", param=point
+                f"{point} {name!r} (plugin {registration.plugin!r}) failed to start: {type(exc).__name__}: {exc}",
+                param=point,
             ) from exc
 
 

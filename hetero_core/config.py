@@ -71,7 +71,9 @@ class ComponentSpec:
 def _component(default: str) -> Any:
     return attrs.field(
         default=ComponentSpec(default),
-        converter=attrs.Converter(lambda value, _self, field: ComponentSpec.parse(value, field=field.name), takes_self=True, takes_field=True),
+        converter=attrs.Converter(
+            lambda value, _self, field: ComponentSpec.parse(value, field=field.name), takes_self=True, takes_field=True
+        ),
     )
 
 
@@ -116,17 +118,27 @@ class EngineConfig:
         default=None, validator=optional(number_in(0, 2**30, low_open=True, error=ConfigError))
     )  # when set, size the pool from this budget instead of max_num_blocks
     enable_chunked_prefill: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
-    model: str | None = attrs.field(default=None, validator=_optional_name)  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
+    model: str | None = attrs.field(
+        default=None, validator=_optional_name
+    )  # a GGUF file or a Hugging Face folder; None = the embedded SmolLM2
     seed: int = attrs.field(default=0, validator=number_in(0, 2**63 - 1, integer=True, error=ConfigError))
-    data_parallel_size: int = attrs.field(default=1, validator=_count(MAX_REPLICAS))  # engine replicas (serve and --input-file)
-    data_parallel_backend: str = attrs.field(default="ray", validator=_check_name)  # the serving backend that places them
+    data_parallel_size: int = attrs.field(
+        default=1, validator=_count(MAX_REPLICAS)
+    )  # engine replicas (serve and --input-file)
+    data_parallel_backend: str = attrs.field(
+        default="ray", validator=_check_name
+    )  # the serving backend that places them
     tokenizer: ComponentSpec = _component("huggingface")
     scheduler: ComponentSpec = _component("fcfs")
     cache_allocator: ComponentSpec = _component("paged")
     executor: ComponentSpec = _component("torch")
     structured_output: ComponentSpec = _component("llguidance")
-    plugins: PluginsConfig = attrs.field(factory=PluginsConfig, converter=lambda v: config_section(PluginsConfig, v, "plugins"))
-    server: Mapping[str, Any] = attrs.field(factory=dict, converter=lambda v: _json_object(v, "server"))  # the server plugin's section
+    plugins: PluginsConfig = attrs.field(
+        factory=PluginsConfig, converter=lambda v: config_section(PluginsConfig, v, "plugins")
+    )
+    server: Mapping[str, Any] = attrs.field(
+        factory=dict, converter=lambda v: _json_object(v, "server")
+    )  # the server plugin's section
 
     def validate(self) -> None:
         """Re-run every field's validator (construction already did; this is for the seed's API)."""
@@ -160,9 +172,17 @@ class EngineConfig:
 
     def to_json(self) -> dict[str, Any]:
         def convert(_inst: Any, _field: Any, value: Any) -> Any:
-            return value.to_json() if isinstance(value, ComponentSpec) else list(value) if isinstance(value, tuple) else value
+            return (
+                value.to_json()
+                if isinstance(value, ComponentSpec)
+                else list(value)
+                if isinstance(value, tuple)
+                else value
+            )
 
-        return attrs.asdict(self, recurse=True, value_serializer=convert, filter=lambda a, v: not isinstance(v, ComponentSpec)) | {
+        return attrs.asdict(
+            self, recurse=True, value_serializer=convert, filter=lambda a, v: not isinstance(v, ComponentSpec)
+        ) | {
             field.name: getattr(self, field.name).to_json()
             for field in attrs.fields(EngineConfig)
             if isinstance(getattr(self, field.name), ComponentSpec)

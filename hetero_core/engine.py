@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence as SequenceOf
+from typing import Any, Callable, Iterator, Mapping
+from typing import Sequence as SequenceOf
 
 import pluggy
 
@@ -30,18 +31,18 @@ from hetero_core.admission import Admission
 from hetero_core.batch import ExecutionOutput
 from hetero_core.batch_builder import BatchBuilder
 from hetero_core.config import EngineConfig
-from hetero_core.execution import BatchRunner
 from hetero_core.errors import ConfigError, EngineError, SchedulerError, ValidationError
+from hetero_core.execution import BatchRunner
 from hetero_core.grammars import Grammars
 from hetero_core.inbox import Inbox
 from hetero_core.logs import get_logger
 from hetero_core.memory import MemoryStats
 from hetero_core.metrics import EngineMetrics, StepStats
 from hetero_core.model_source import one_parse_per_file
+from hetero_core.observers import Observers
 from hetero_core.output_processor import OutputProcessor, completed_request
 from hetero_core.outputs import CompletedRequest, StreamDelta
 from hetero_core.params import GenerationParams
-from hetero_core.observers import Observers
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import CacheAllocator, Executor, SchedulerPolicy, Tokenizer
 from hetero_core.scheduler import Scheduler, SchedulerOutput
@@ -57,7 +58,9 @@ OnOutput = Callable[[StreamDelta], None]
 class InferenceEngine:
     """Serves one model: accepts requests and advances all of them a step at a time."""
 
-    def __init__(self, config: EngineConfig | None = None, *, plugin_manager: pluggy.PluginManager | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig | None = None, *, plugin_manager: pluggy.PluginManager | None = None
+    ) -> None:
         config = config or EngineConfig()
         if not isinstance(config, EngineConfig):
             raise ConfigError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -69,7 +72,9 @@ class InferenceEngine:
         self.plugin_names = {point: registry.get(point, getattr(config, point).name).plugin for point in ENGINE_POINTS}
         self._registry = registry
         with one_parse_per_file():  # the tokenizer and the executor often read the same model file
-            self.tokenizer: Tokenizer = registry.create("tokenizer", config.tokenizer.name, config.tokenizer.options, config)
+            self.tokenizer: Tokenizer = registry.create(
+                "tokenizer", config.tokenizer.name, config.tokenizer.options, config
+            )
             self.executor: Executor = registry.create("executor", config.executor.name, config.executor.options, config)
         try:
             self._start(registry)
@@ -86,20 +91,32 @@ class InferenceEngine:
         self.executor.initialize_cache(self.num_blocks, config.block_size)
         self.admission = Admission(config, self.model_info.vocab_size, self.max_model_len, self.num_blocks)
         self.allocator: CacheAllocator = registry.create(
-            "cache_allocator", config.cache_allocator.name, config.cache_allocator.options, self.num_blocks, config.block_size
+            "cache_allocator",
+            config.cache_allocator.name,
+            config.cache_allocator.options,
+            self.num_blocks,
+            config.block_size,
         )
         self.policy: SchedulerPolicy = registry.create("scheduler", config.scheduler.name, config.scheduler.options)
         self.scheduler = Scheduler(config, self.policy, self.allocator, policy_plugin=self.plugin_names["scheduler"])
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len, self._eos_token_ids())
         self.metrics = EngineMetrics()
         self.runner = BatchRunner(
-            self.executor, self.plugin_names["executor"], self.model_info.vocab_size, config.max_retry_attempts, self.metrics
+            self.executor,
+            self.plugin_names["executor"],
+            self.model_info.vocab_size,
+            config.max_retry_attempts,
+            self.metrics,
         )
         self.inbox = Inbox(config.max_waiting_requests)
         self.grammars = Grammars(config, registry, self.tokenizer)
-        self.batches = BatchBuilder(config.block_size, self.num_blocks, self.plugin_names["cache_allocator"], self.grammars)
+        self.batches = BatchBuilder(
+            config.block_size, self.num_blocks, self.plugin_names["cache_allocator"], self.grammars
+        )
         self._broken_callbacks: list[Request] = []
-        self._interrupt: BaseException | None = None  # a callback's SystemExit or KeyboardInterrupt, re-raised after its step
+        self._interrupt: BaseException | None = (
+            None  # a callback's SystemExit or KeyboardInterrupt, re-raised after its step
+        )
         self._undelivered: list[CompletedRequest] = []  # finished in a step that re-raised it
         self._step_lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -110,7 +127,9 @@ class InferenceEngine:
         self._finish_observers = Observers(hook.on_request_finished)
         self.executor.warm_up(min(config.max_total_tokens, self.max_model_len), config.max_batch_size)
         Observers(hook.on_engine_started)(engine=self)
-        log.info("engine started", model=self.model_info.name, num_blocks=self.num_blocks, executor=config.executor.name)
+        log.info(
+            "engine started", model=self.model_info.name, num_blocks=self.num_blocks, executor=config.executor.name
+        )
 
     def _check_vocabularies(self) -> None:
         """Warn when the tokenizer and the model count their tokens differently.
@@ -136,7 +155,9 @@ class InferenceEngine:
         ids = self.model_info.eos_token_ids
         if not ids:
             return frozenset(() if self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,))
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.model_info.vocab_size]
+        bad = [
+            t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.model_info.vocab_size
+        ]
         if bad:
             raise ConfigError(
                 f"executor plugin {self.plugin_names['executor']!r} names end-of-sequence id {bad[0]!r},"
@@ -199,7 +220,9 @@ class InferenceEngine:
         """Like :meth:`submit_request`, for OpenAI-style messages rendered with the model's chat template."""
         params = self._check_call(params, request_id, on_output)
         if not isinstance(messages, (list, tuple)) or not messages or not all(isinstance(m, Mapping) for m in messages):
-            raise ValidationError(f"messages must be a non-empty list of objects, got {messages!r:.200}", param="messages")
+            raise ValidationError(
+                f"messages must be a non-empty list of objects, got {messages!r:.200}", param="messages"
+            )
         prompt_text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         token_ids = self.tokenizer.encode(prompt_text, add_special_tokens=False)
         return self._enqueue(prompt_text, token_ids, params, request_id, on_output)
@@ -210,11 +233,18 @@ class InferenceEngine:
         return self.admission.check_arguments(params, request_id, on_output)
 
     def _enqueue(
-        self, prompt_text: str, token_ids: list[int], params: GenerationParams, request_id: str | None, on_output: OnOutput | None
+        self,
+        prompt_text: str,
+        token_ids: list[int],
+        params: GenerationParams,
+        request_id: str | None,
+        on_output: OnOutput | None,
     ) -> str:
         self.admission.check_fits(token_ids, params)
         grammar = None if params.structured_output is None else self.grammars.compile(params.structured_output)
-        return self.inbox.put(prompt_text, token_ids, params, request_id, on_output, grammar, len(self.scheduler.waiting))
+        return self.inbox.put(
+            prompt_text, token_ids, params, request_id, on_output, grammar, len(self.scheduler.waiting)
+        )
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request; its blocks are freed at the next step. False if it is unknown or finished."""
@@ -274,7 +304,9 @@ class InferenceEngine:
             request.error = message
             self._end_request(request, FinishReason.ERROR, finished)
 
-    def _process(self, plan: SchedulerOutput, output: ExecutionOutput, problems: dict[int, str], finished: list[Request]) -> None:
+    def _process(
+        self, plan: SchedulerOutput, output: ExecutionOutput, problems: dict[int, str], finished: list[Request]
+    ) -> None:
         for work in plan.work:
             seq = work.seq
             if seq.is_finished:  # its request ended earlier in this loop
@@ -284,7 +316,9 @@ class InferenceEngine:
                 self._fail_request(seq.request, problem, finished)
                 continue
             if seq.request.params.prompt_logprobs is not None:
-                self.outputs.add_prompt_logprobs(seq.request, seq.num_computed_tokens, output.prompt_logprobs.get(seq.seq_id, []))
+                self.outputs.add_prompt_logprobs(
+                    seq.request, seq.num_computed_tokens, output.prompt_logprobs.get(seq.seq_id, [])
+                )
             seq.advance(work.num_new_tokens)
             if work.do_sample:
                 self._take_sample(seq, output, finished)
@@ -307,7 +341,9 @@ class InferenceEngine:
                 )
                 return
             logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
-            self.outputs.append_token(seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished)
+            self.outputs.append_token(
+                seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished
+            )
             self.metrics.generation_tokens += 1
             num_new_tokens, num_new_logprobs = 1, int(logprobs is not None)
         if seq.is_finished:
@@ -324,7 +360,12 @@ class InferenceEngine:
         try:
             request.on_output(delta)
         except BaseException as exc:  # the caller's callback: its request ends, the others go on
-            log.error("on_output callback failed", request_id=request.request_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            log.error(
+                "on_output callback failed",
+                request_id=request.request_id,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
             if not isinstance(exc, Exception):  # SystemExit, KeyboardInterrupt: raised once this step is done
                 self._interrupt = self._interrupt or exc
             request.on_output = None

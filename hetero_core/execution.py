@@ -27,7 +27,9 @@ log = get_logger(__name__)
 class BatchRunner:
     """Executes batches for one engine: retries, isolation of a failing sequence, output checks."""
 
-    def __init__(self, executor: Executor, plugin: str, vocab_size: int, max_retry_attempts: int, metrics: EngineMetrics) -> None:
+    def __init__(
+        self, executor: Executor, plugin: str, vocab_size: int, max_retry_attempts: int, metrics: EngineMetrics
+    ) -> None:
         self.executor = executor
         self.plugin = plugin
         self.vocab_size = vocab_size
@@ -81,5 +83,10 @@ class BatchRunner:
 
     def _log_failure(self, exc: Exception, error_id: str, **fields: object) -> None:
         log.warning(
-            "executor failed", plugin=self.plugin, error_id=error_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc, **fields
+            "executor failed",
+            plugin=self.plugin,
+            error_id=error_id,
+            error=f"{type(exc).__name__}: {exc}",
+            exc_info=exc,
+            **fields,
         )

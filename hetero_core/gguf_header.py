@@ -34,11 +34,30 @@ VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 STRING, ARRAY = 8, 9
 SCALARS = {  # GGUF value type -> struct format
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
 }
 ARRAY_DTYPES = {
-    0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32, 7: np.bool_,
-    10: np.uint64, 11: np.int64, 12: np.float64,
+    0: np.uint8,
+    1: np.int8,
+    2: np.uint16,
+    3: np.int16,
+    4: np.uint32,
+    5: np.int32,
+    6: np.float32,
+    7: np.bool_,
+    10: np.uint64,
+    11: np.int64,
+    12: np.float64,
 }
 
 
@@ -111,7 +130,9 @@ def read_gguf_header(path: Path) -> GGUFHeader:
         try:
             version = cursor.unpack("<I")
             if version not in VERSIONS:
-                raise ValueError(f"{path}: GGUF version {version} is not supported (only {', '.join(map(str, VERSIONS))})")
+                raise ValueError(
+                    f"{path}: GGUF version {version} is not supported (only {', '.join(map(str, VERSIONS))})"
+                )
             tensor_count, kv_count = cursor.unpack("<Q"), cursor.unpack("<Q")
             fields: dict[str, Any] = {}
             for _ in range(kv_count):

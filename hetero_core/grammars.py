@@ -78,8 +78,15 @@ class Grammars:
         except EngineError:
             raise
         except Exception as exc:  # a fault of the backend, not of the request
-            log.error("structured-output backend failed to compile", plugin=self.plugin, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-            raise ExecutionError(f"structured-output plugin {self.plugin!r} failed to compile the constraint (details in the log)") from exc
+            log.error(
+                "structured-output backend failed to compile",
+                plugin=self.plugin,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
+            raise ExecutionError(
+                f"structured-output plugin {self.plugin!r} failed to compile the constraint (details in the log)"
+            ) from exc
 
     def allowed_tokens(self, seqs: list[Sequence]) -> tuple[np.ndarray, dict[int, str]]:
         """The allowed next tokens of constrained samples: row ``i`` of the bitmask is ``seqs[i]``'s.
@@ -100,7 +107,7 @@ class Grammars:
         if len(rows) > 1 and isinstance(self._backend, BatchMaskFiller):
             together = self._fill_together(self._backend, [seqs[row].matcher for row in rows], bitmask, rows)
             if together is not None:
-                for row, problem in zip(rows, together):
+                for row, problem in zip(rows, together, strict=True):
                     if problem is not None:
                         problems[seqs[row].seq_id] = self._failed(problem)
                 return bitmask, problems
@@ -119,7 +126,9 @@ class Grammars:
         try:
             problems = backend.fill_bitmasks(matchers, target)
             if not isinstance(problems, list) or len(problems) != len(matchers):
-                raise TypeError(f"fill_bitmasks returned {type(problems).__name__}, not a list of {len(matchers)} problems")
+                raise TypeError(
+                    f"fill_bitmasks returned {type(problems).__name__}, not a list of {len(matchers)} problems"
+                )
         except Exception as exc:  # the batch call's fault: each matcher is asked alone
             log.warning(
                 "structured-output backend failed to fill a batch of masks; filling them one by one",

@@ -43,7 +43,9 @@ def _check_tool_calls(number: int, role: str, tool_calls: Any) -> None:
         if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
             raise ValidationError(f"messages[{number}].tool_calls: each call needs function.name", param="messages")
         if not isinstance(function.get("arguments"), (str, Mapping)):
-            raise ValidationError(f"messages[{number}].tool_calls: each call needs function.arguments", param="messages")
+            raise ValidationError(
+                f"messages[{number}].tool_calls: each call needs function.arguments", param="messages"
+            )
 
 
 def has_tool_history(messages: Sequence[Mapping[str, Any]]) -> bool:

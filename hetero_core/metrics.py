@@ -49,4 +49,3 @@ class EngineMetrics:
         self.num_running = num_running
         self.num_waiting = num_waiting
         self.kv_cache_usage = cache.usage
-

@@ -51,9 +51,7 @@ def resolve_model_path(model: str | None) -> Path:
         return path
     if not path.exists():
         raise ConfigError(f"model path {model!r} does not exist; {INSTALL_HINT}", param="model")
-    raise ConfigError(
-        f"model path {model!r} is neither a .gguf file nor a folder with config.json", param="model"
-    )
+    raise ConfigError(f"model path {model!r} is neither a .gguf file nor a folder with config.json", param="model")
 
 
 @contextlib.contextmanager

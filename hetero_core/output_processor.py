@@ -29,7 +29,9 @@ class OutputProcessor:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids  # end generation unless a request ignores EOS
 
-    def append_token(self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None, *, is_complete: bool = False) -> None:
+    def append_token(
+        self, seq: Sequence, token_id: int, logprobs: TokenLogprobs | None, *, is_complete: bool = False
+    ) -> None:
         """Add one sampled token; finishes the sequence when a stop condition holds.
 
         ``is_complete``: the sample's structured output is complete, so it
@@ -38,7 +40,9 @@ class OutputProcessor:
         request = seq.request
         params = request.params
         if seq.detokenizer is None:
-            seq.detokenizer = self.tokenizer.new_detokenizer(seq.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
+            seq.detokenizer = self.tokenizer.new_detokenizer(
+                seq.prompt_token_ids, skip_special_tokens=params.skip_special_tokens
+            )
         seq.append_token(token_id)
         if logprobs is not None:
             seq.logprobs.append(logprobs)
@@ -132,7 +136,9 @@ def completed_request(request: Request) -> CompletedRequest:
         duration=finish_time - request.arrival_time,
         finish_reason=first.finish_reason,
         outputs=outputs,
-        time_to_first_token=None if request.first_token_time is None else request.first_token_time - request.arrival_time,
+        time_to_first_token=None
+        if request.first_token_time is None
+        else request.first_token_time - request.arrival_time,
         num_cached_tokens=request.sequences[0].num_cached_tokens,
         error=request.error,
         prompt_logprobs=[None, *request.prompt_logprobs] if request.has_prompt_logprobs else None,

@@ -36,7 +36,9 @@ def _check_stop(_instance: Any, attribute: Any, value: Any) -> None:
         try:
             stop.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise ValidationError(f"stop string {stop!r} is not valid Unicode text: {exc.reason}", param="stop") from exc
+            raise ValidationError(
+                f"stop string {stop!r} is not valid Unicode text: {exc.reason}", param="stop"
+            ) from exc
     if len(value) > MAX_STOP_STRINGS:
         raise ValidationError(
             f"{attribute.name} allows at most {MAX_STOP_STRINGS} strings, got {len(value)}", param="stop"
@@ -152,8 +154,12 @@ class GenerationParams:
     logprobs: int | None = attrs.field(default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True)))
     priority: int = attrs.field(default=0, validator=number_in(-(2**63), 2**63 - 1, integer=True))
     structured_output: StructuredOutput | None = attrs.field(default=None, validator=_check_structured_output)
-    logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_to_bias_pairs, validator=_check_logit_bias)
-    prompt_logprobs: int | None = attrs.field(default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True)))
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(
+        default=(), converter=_to_bias_pairs, validator=_check_logit_bias
+    )
+    prompt_logprobs: int | None = attrs.field(
+        default=None, validator=optional(number_in(0, MAX_LOGPROBS, integer=True))
+    )
     include_stop_str_in_output: bool = attrs.field(default=False, validator=_check_bool)
     skip_special_tokens: bool = attrs.field(default=True, validator=_check_bool)
 

@@ -18,6 +18,7 @@ components says so.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -31,7 +32,14 @@ from hetero_core.components import EXTENSION_POINTS, ComponentRegistry, Registra
 from hetero_core.errors import ConfigError
 from hetero_core.logs import get_logger
 
-__all__ = ["EXTENSION_POINTS", "ComponentRegistry", "PluginManager", "Registration", "create_plugin_manager", "describe_plugins"]
+__all__ = [
+    "EXTENSION_POINTS",
+    "ComponentRegistry",
+    "PluginManager",
+    "Registration",
+    "create_plugin_manager",
+    "describe_plugins",
+]
 
 log = get_logger(__name__)
 
@@ -141,7 +149,9 @@ def _load_module(pm: PluginManager, module_path: str) -> None:
     try:
         module = importlib.import_module(module_path)
     except Exception as exc:
-        raise ConfigError(f"cannot import plugin module {module_path!r}: {type(exc).__name__}: {exc}", param="plugins.load") from exc
+        raise ConfigError(
+            f"cannot import plugin module {module_path!r}: {type(exc).__name__}: {exc}", param="plugins.load"
+        ) from exc
     if pm.is_registered(module):  # also installed as an entry point: loaded already
         return
     try:
@@ -200,9 +210,14 @@ def _added_points(pm: PluginManager) -> dict[str, dict[str, list[str]]]:
         for impl in caller.get_hookimpls():
             registered = names.setdefault(impl.plugin_name, [])
             try:
-                impl.function(register=lambda name, *_args, **_kwargs: registered.append(name))
+                impl.function(register=functools.partial(_record_name, registered))
             except Exception as exc:
                 names.pop(impl.plugin_name, None)
                 pm.mark_broken(impl.plugin_name, f"its {hook_name} hook raised {type(exc).__name__}: {exc}")
         added[hook_name.removeprefix("register_").removesuffix("s")] = names
     return added
+
+
+def _record_name(names: list[str], name: str, *_args: Any, **_kwargs: Any) -> None:
+    """A ``register`` callback that only notes the names registered."""
+    names.append(name)

@@ -10,14 +10,14 @@ tests that check an implementation against these docstrings.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence as SequenceOf, runtime_checkable
+from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Sequence as SequenceOf
 
 import attrs
 
 from hetero_core.batch import ExecutionBatch, ExecutionOutput
 from hetero_core.memory import MemoryStats
 from hetero_core.sequence_view import SequenceView
-
 
 # --------------------------------------------------------------------------- tokenizer
 
@@ -228,7 +228,9 @@ class CacheAllocator(Protocol):
         """Whether :meth:`append_slots` with these arguments would find the blocks it needs."""
         ...
 
-    def append_slots(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int) -> None:
+    def append_slots(
+        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
+    ) -> None:
         """Make room to compute ``num_new_tokens`` more tokens of the sequence.
 
         The sequence's first ``num_computed_tokens`` tokens are in the cache;

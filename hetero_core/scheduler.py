@@ -114,7 +114,9 @@ class Scheduler:
         seq_budget = self.config.max_batch_size
         scheduled: set[int] = set()
 
-        decodes = [s for s in self.running if self.prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens]
+        decodes = [
+            s for s in self.running if self.prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens
+        ]
         decode_ids = {s.seq_id for s in decodes}
         prefills = [s for s in self.running if s.seq_id not in decode_ids]
         for seq in itertools.chain(self._order(decodes), self._order(prefills)):
@@ -152,7 +154,11 @@ class Scheduler:
         else:
             views = [SequenceView(s) for s in seqs]
         ordered = self.policy.order(views)
-        if not isinstance(ordered, list) or len(ordered) != len(views) or {id(v) for v in ordered} != {id(v) for v in views}:
+        if (
+            not isinstance(ordered, list)
+            or len(ordered) != len(views)
+            or {id(v) for v in ordered} != {id(v) for v in views}
+        ):
             got = type(ordered).__name__ if not isinstance(ordered, list) else f"{len(ordered)} items"
             raise SchedulerError(
                 f"scheduler policy plugin {self.policy_plugin!r}: order must return a permutation of the"

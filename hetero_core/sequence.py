@@ -167,7 +167,9 @@ class Request:
     def start(self, next_seq_id: Callable[[], int]) -> Sequence:
         """Make the ``n`` samples; return the first, which computes the prompt's full blocks for all of them."""
         for _ in range(self.params.n):
-            seq = Sequence(next_seq_id(), self, len(self.sequences), list(self.prompt_token_ids), len(self.prompt_token_ids))
+            seq = Sequence(
+                next_seq_id(), self, len(self.sequences), list(self.prompt_token_ids), len(self.prompt_token_ids)
+            )
             self.sequences.append(seq)
         self.held_samples = self.sequences[1:]
         return self.sequences[0]

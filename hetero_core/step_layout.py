@@ -71,7 +71,7 @@ class StepLayout:
         needed = -(-self.context_lens[start:stop] // self.block_size)
         width = max(int(needed.max(initial=1)), 1) if width is None else width
         tables = np.full((stop - start, width), pad, dtype=np.int32)
-        for row, (seq, count) in enumerate(zip(self.sequences[start:stop], needed)):
+        for row, (seq, count) in enumerate(zip(self.sequences[start:stop], needed, strict=True)):
             tables[row, :count] = seq.block_table[:count]
         return tables
 

@@ -134,7 +134,9 @@ def _check_value(instance: StructuredOutput, _attribute: Any, value: Any) -> Non
                 param="structured_output",
             )
     elif not isinstance(value, str) or not value:
-        raise ValidationError(f"a {kind.value} constraint must be a non-empty string, got {value!r}", param="structured_output")
+        raise ValidationError(
+            f"a {kind.value} constraint must be a non-empty string, got {value!r}", param="structured_output"
+        )
 
 
 @attrs.frozen
@@ -202,7 +204,10 @@ class StructuredOutput:
         for name, schema in functions.items():
             schema = NO_ARGUMENTS if schema is None else schema
             if not isinstance(schema, dict) or schema.get("type", "object") != "object":
-                raise ValidationError(f"function {name!r}: arguments must have an object schema, got {schema!r}", param="structured_output")
+                raise ValidationError(
+                    f"function {name!r}: arguments must have an object schema, got {schema!r}",
+                    param="structured_output",
+                )
             tools.append(ToolFunction(name, json.dumps(schema, separators=(",", ":"))))
         return cls(ConstraintKind.TOOL_CALLS, ToolCalls(tuple(tools), several, free_text, open_tag, close_tag))
 

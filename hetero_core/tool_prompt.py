@@ -45,14 +45,18 @@ def tool_call_block(name: str, arguments: Any) -> str:
             arguments = json.loads(arguments)
         except ValueError:
             pass  # shown as the string it is
-    return f"{TOOL_CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+    return (
+        f"{TOOL_CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+    )
 
 
 def tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
     return INSTRUCTIONS.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
 
 
-def inline_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+def inline_tools(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
     """``messages`` (and ``tools``, if any) as plain ``role``/``content`` messages (with any ``name``) in the default convention."""
     plain: list[dict[str, Any]] = []
     for message in messages:
@@ -67,7 +71,9 @@ def inline_tools(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[
         if message.get("tool_calls"):
             calls = [tool_call_block(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]]
             content = "\n".join([content, *calls] if content else calls)
-        plain.append({"role": role, "content": content, **({"name": message["name"]} if message.get("name") is not None else {})})
+        plain.append(
+            {"role": role, "content": content, **({"name": message["name"]} if message.get("name") is not None else {})}
+        )
     for message in plain:
         message.pop("is_tool_response", None)
     if tools:

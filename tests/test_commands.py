@@ -30,7 +30,9 @@ def test_a_plugin_command_gets_its_arguments_and_gives_the_exit_status(with_gree
 def test_an_unknown_command_lists_the_installed_ones(with_greeter, capsys) -> None:
     assert main(["frobnicate"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["hetero-infer: error: unknown command 'frobnicate'; installed: 'greet' (the core's commands: generate, plugins, bench, export-tokenizer)"]
+    assert error == [
+        "hetero-infer: error: unknown command 'frobnicate'; installed: 'greet' (the core's commands: generate, plugins, bench, export-tokenizer)"
+    ]
 
 
 @pytest.mark.parametrize("argv", [["serve"], ["--serve", "--port", "9"], ["batch", "--input-file", "x"]])
@@ -38,14 +40,20 @@ def test_a_missing_project_plugin_is_named_in_one_line(monkeypatch, argv, capsys
     monkeypatch.setattr(commands, "_is_installed", lambda distribution: False)
     assert main(argv) == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "needs the plugin hetero-serve-openai, which is not installed: pip install hetero-serve-openai" in error[0]
+    assert (
+        len(error) == 1
+        and "needs the plugin hetero-serve-openai, which is not installed: pip install hetero-serve-openai" in error[0]
+    )
 
 
 def test_replicas_of_an_input_file_need_the_batch_command(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setattr(commands, "_is_installed", lambda distribution: False)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\n")
-    assert main(["--input-file", str(prompts), "--data-parallel-size", "2", "--tokenizer", "simple", "--executor", "mock"]) == 2
+    assert (
+        main(["--input-file", str(prompts), "--data-parallel-size", "2", "--tokenizer", "simple", "--executor", "mock"])
+        == 2
+    )
     assert "the batch command needs the plugin hetero-serve-openai" in capsys.readouterr().err
 
 

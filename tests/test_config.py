@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hetero_core.config import MAX_BLOCK_SIZE, MAX_COUNT, ComponentSpec, EngineConfig
 from hetero_core.errors import ConfigError
@@ -25,13 +26,17 @@ SEED_CONFIG = {
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "config.example.json"
 
 size_values = st.one_of(st.integers(-3, 3), st.integers(-(2**40), 2**40), st.booleans(), st.floats(-2, 2), st.none())
-threshold_values = st.one_of(st.floats(-1, 2), st.just(float("nan")), st.sampled_from([0, 0.0, 1, 1.0, 1e-12, 1.0000001]), st.booleans())
+threshold_values = st.one_of(
+    st.floats(-1, 2), st.just(float("nan")), st.sampled_from([0, 0.0, 1, 1.0, 1e-12, 1.0000001]), st.booleans()
+)
 
 
 @given(sizes=st.fixed_dictionaries({name: size_values for name in SIZES}), threshold=threshold_values)
 def test_accepted_exactly_when_sizes_positive_and_threshold_in_range(sizes, threshold) -> None:
     valid_sizes = all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= (MAX_BLOCK_SIZE if name == "block_size" else MAX_COUNT)
+        isinstance(v, int)
+        and not isinstance(v, bool)
+        and 0 < v <= (MAX_BLOCK_SIZE if name == "block_size" else MAX_COUNT)
         for name, v in sizes.items()
     )
     valid_threshold = isinstance(threshold, (int, float)) and not isinstance(threshold, bool) and 0 < threshold <= 1
@@ -39,7 +44,10 @@ def test_accepted_exactly_when_sizes_positive_and_threshold_in_range(sizes, thre
         config = EngineConfig(**sizes, memory_threshold=threshold)
     except ConfigError as exc:
         assert not (valid_sizes and valid_threshold)
-        assert exc.param in [*SIZES, "memory_threshold"] and repr(offending_value(sizes, threshold, exc.param)) in exc.message
+        assert (
+            exc.param in [*SIZES, "memory_threshold"]
+            and repr(offending_value(sizes, threshold, exc.param)) in exc.message
+        )
     else:
         assert valid_sizes and valid_threshold
         config.validate()
@@ -116,7 +124,9 @@ def test_components_by_name_or_object_and_evolve() -> None:
     changed = config.evolve(block_size=8, server={"port": 9})
     assert (changed.block_size, changed.server) == (8, {"port": 9})
     assert changed.evolve(server={"host": "::1"}).server == {"port": 9, "host": "::1"}  # keys merge onto the section
-    nested = changed.evolve(server={"backend_options": {"address": "auto"}}).evolve(server={"backend_options": {"max_restarts": 2}})
+    nested = changed.evolve(server={"backend_options": {"address": "auto"}}).evolve(
+        server={"backend_options": {"max_restarts": 2}}
+    )
     assert nested.server["backend_options"] == {"address": "auto", "max_restarts": 2}  # objects within it too
     with pytest.raises(ConfigError):
         config.evolve(block_size=0)

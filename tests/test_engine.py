@@ -58,7 +58,9 @@ def test_stop_token_ids(make_engine) -> None:
     free = engine.generate(["stop here"], GREEDY)[0]
     stop_at = free.generated_tokens[4]
     first = free.generated_tokens.index(stop_at)
-    record = engine.generate(["stop here"], GenerationParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_at]))[0]
+    record = engine.generate(["stop here"], GenerationParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_at]))[
+        0
+    ]
     assert record.finish_reason is FinishReason.STOP
     assert record.generated_tokens == free.generated_tokens[: first + 1]
 
@@ -80,7 +82,11 @@ def test_stop_string_kept_when_asked_even_streamed(make_engine) -> None:
     stop = free[8:11]
     params = GenerationParams(temperature=0.0, max_tokens=30, stop=[stop], include_stop_str_in_output=True)
     streamed = list(engine.stream("find a stop", params))
-    assert "".join(d.text for d in streamed) == free[: free.index(stop) + 3] == engine.generate(["find a stop"], params)[0].output_text
+    assert (
+        "".join(d.text for d in streamed)
+        == free[: free.index(stop) + 3]
+        == engine.generate(["find a stop"], params)[0].output_text
+    )
     assert streamed[-1].finish_reason is FinishReason.STOP
 
 
@@ -140,7 +146,9 @@ def test_abort_frees_every_block(make_engine, state: str) -> None:
 def test_aborting_while_samples_are_held_still_ends_every_sample(make_engine, steps_before: int) -> None:
     engine = make_engine()
     deltas: list = []
-    request_id = engine.submit_request("a prompt long enough to take a few chunks", GenerationParams(n=3, max_tokens=5), on_output=deltas.append)
+    request_id = engine.submit_request(
+        "a prompt long enough to take a few chunks", GenerationParams(n=3, max_tokens=5), on_output=deltas.append
+    )
     for _ in range(steps_before):
         engine.step()
     engine.abort_request(request_id)
@@ -211,7 +219,9 @@ class FlakyExecutorPlugin:
 
 
 def flaky_engine(plugin: FlakyExecutorPlugin, **overrides) -> InferenceEngine:
-    return InferenceEngine(mock_config(executor="flaky", **overrides), plugin_manager=core_plugin_manager((plugin, "flaky")))
+    return InferenceEngine(
+        mock_config(executor="flaky", **overrides), plugin_manager=core_plugin_manager((plugin, "flaky"))
+    )
 
 
 def test_transient_executor_faults_are_retried() -> None:
@@ -243,7 +253,9 @@ def test_a_sequence_that_fails_its_batch_fails_alone() -> None:
     bad = engine.submit_request([FlakyExecutorPlugin.POISON, 1], GenerationParams(temperature=0.0, max_tokens=12, n=2))
     records = {r.request_id: r for r in engine.run()}
     assert [records[i].generated_tokens for i in good] == [r.generated_tokens for r in alone]
-    assert records[bad].finish_reason is FinishReason.ERROR and "failed to run this request, alone" in records[bad].error
+    assert (
+        records[bad].finish_reason is FinishReason.ERROR and "failed to run this request, alone" in records[bad].error
+    )
     assert engine.metrics.num_execution_retries == 1
     assert engine.get_memory_stats().used_blocks == 0
 

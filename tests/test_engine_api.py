@@ -68,7 +68,9 @@ def test_a_raising_callback_ends_only_its_request(make_engine) -> None:
     assert engine.run()[0].finish_reason is FinishReason.LENGTH
 
 
-@pytest.mark.parametrize(("interrupt", "error"), [(SystemExit(3), "SystemExit: 3"), (KeyboardInterrupt(), "KeyboardInterrupt")])
+@pytest.mark.parametrize(
+    ("interrupt", "error"), [(SystemExit(3), "SystemExit: 3"), (KeyboardInterrupt(), "KeyboardInterrupt")]
+)
 def test_a_callback_raising_an_interrupt_ends_its_request_and_raises_once(make_engine, interrupt, error: str) -> None:
     engine = make_engine()
 

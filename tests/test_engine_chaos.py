@@ -34,7 +34,10 @@ def raise_for_the_batch(output, seq_id: int) -> None:
     raise RuntimeError("poisoned batch")
 
 
-FAULTS = {"reported": (report_error, "cannot handle this sequence"), "raised": (raise_for_the_batch, "executor plugin 'faulty' failed to run")}
+FAULTS = {
+    "reported": (report_error, "cannot handle this sequence"),
+    "raised": (raise_for_the_batch, "executor plugin 'faulty' failed to run"),
+}
 
 
 def chaos_engine(fault: str, **overrides):

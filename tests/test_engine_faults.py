@@ -237,5 +237,7 @@ def test_every_end_of_sequence_id_of_the_model_ends_generation() -> None:
 
 
 def test_an_end_of_sequence_id_outside_the_vocabulary_is_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="executor plugin 'ending' names end-of-sequence id 9999, outside its vocabulary"):
+    with pytest.raises(
+        ConfigError, match="executor plugin 'ending' names end-of-sequence id 9999, outside its vocabulary"
+    ):
         engine_with((EndsOn((9999,), answer=1), "ending"), executor="ending")

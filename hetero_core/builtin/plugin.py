@@ -15,4 +15,3 @@ def register_tokenizers(register: Register) -> None:
 @hookimpl
 def register_executors(register: Register) -> None:
     register("mock", MockExecutor, options=MockExecutorOptions)
-

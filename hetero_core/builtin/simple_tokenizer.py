@@ -81,7 +81,9 @@ class SimpleTokenizer:
 
     def token_bytes(self) -> list[bytes]:
         """Byte ``b`` for token ``b``; the control tokens as their text."""
-        return [bytes((b,)) for b in range(NUM_BYTES)] + [self.SPECIAL_TEXT[t].encode() for t in (self.BOS, self.EOS, self.PAD)]
+        return [bytes((b,)) for b in range(NUM_BYTES)] + [
+            self.SPECIAL_TEXT[t].encode() for t in (self.BOS, self.EOS, self.PAD)
+        ]
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         try:
@@ -94,7 +96,9 @@ class SimpleTokenizer:
         detokenizer = SimpleDetokenizer(skip_special_tokens)
         return detokenizer.add(token_ids) + detokenizer.finish()
 
-    def new_detokenizer(self, prompt_token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> SimpleDetokenizer:
+    def new_detokenizer(
+        self, prompt_token_ids: Sequence[int], *, skip_special_tokens: bool = True
+    ) -> SimpleDetokenizer:
         return SimpleDetokenizer(skip_special_tokens)
 
     def apply_chat_template(

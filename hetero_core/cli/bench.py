@@ -28,7 +28,9 @@ def run_benchmark(argv: list[str]) -> int:
         raise ConfigError(f"bench needs a benchmark name ({names}), got {given}", param="bench")
     script = benchmarks_folder() / BENCHMARKS[argv[0]]
     if not script.is_file():
-        raise ConfigError(f"benchmark program {script} not found: the benchmarks ship with the source checkout", param="bench")
+        raise ConfigError(
+            f"benchmark program {script} not found: the benchmarks ship with the source checkout", param="bench"
+        )
     saved_argv = sys.argv
     sys.argv = [str(script), *argv[1:]]
     try:

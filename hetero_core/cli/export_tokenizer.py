@@ -23,7 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hetero-infer export-tokenizer",
         description="Write the model's tokenizer.json and tokenizer_config.json (special tokens, chat template) into DIR.",
     )
-    parser.add_argument("directory", type=Path, metavar="DIR", help="where the files go (created if missing; files there are replaced)")
+    parser.add_argument(
+        "directory", type=Path, metavar="DIR", help="where the files go (created if missing; files there are replaced)"
+    )
     parser.add_argument("--debug", action="store_true", help="tracebacks")
     add_engine_arguments(parser)
     return parser
@@ -37,7 +39,8 @@ def export_tokenizer(args: argparse.Namespace) -> int:
     save = getattr(tokenizer, "save_pretrained", None)
     if save is None:
         raise ConfigError(
-            f"tokenizer {config.tokenizer.name!r} cannot be exported: it has no save_pretrained(directory)", param="tokenizer"
+            f"tokenizer {config.tokenizer.name!r} cannot be exported: it has no save_pretrained(directory)",
+            param="tokenizer",
         )
     for path in save(args.directory):
         print(path)

@@ -22,7 +22,9 @@ from hetero_core.params import GenerationParams
 PROMPT_KEYS = ("prompt", "messages")
 # what a prompt file's line may set, by the API's names; not what its output line has no place for (logprobs, more samples)
 LINE_PARAMS = tuple(
-    name for name in attrs.fields_dict(GenerationParams) if name not in ("structured_output", "n", "logprobs", "prompt_logprobs")
+    name
+    for name in attrs.fields_dict(GenerationParams)
+    if name not in ("structured_output", "n", "logprobs", "prompt_logprobs")
 )
 
 
@@ -72,7 +74,9 @@ def _write_while_running(engine: InferenceEngine, deltas: list, out: TextIO) -> 
     return "".join(pieces), num_tokens, error
 
 
-def chat(engine: InferenceEngine, params: GenerationParams, source: TextIO | None = None, out: TextIO | None = None) -> int:
+def chat(
+    engine: InferenceEngine, params: GenerationParams, source: TextIO | None = None, out: TextIO | None = None
+) -> int:
     """An interactive chat with the model's template; the history grows with each turn. Ctrl-D ends it.
 
     A turn that fails is reported and left out of the history; the chat goes on.
@@ -132,7 +136,8 @@ def _line_params(given: dict[str, Any], params: GenerationParams, where: str) ->
     unknown = [key for key in given if key not in LINE_PARAMS]
     if unknown:
         raise ValidationError(
-            f"{where}: unknown key {unknown[0]!r}; a line takes 'prompt' or 'messages' and {', '.join(LINE_PARAMS)}", param=unknown[0]
+            f"{where}: unknown key {unknown[0]!r}; a line takes 'prompt' or 'messages' and {', '.join(LINE_PARAMS)}",
+            param=unknown[0],
         )
     top_k = given.get("top_k")
     if top_k in (-1, 0) and not isinstance(top_k, bool):  # no limit, as in the API
@@ -185,7 +190,7 @@ def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, p
                 **({"error": records[i].error} if records[i].error else {}),
             }
         )
-        for (item, _), i in zip(items, ids)
+        for (item, _), i in zip(items, ids, strict=True)
     ]
     text = "\n".join(lines) + "\n"
     if output_file is None:

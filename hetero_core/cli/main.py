@@ -10,7 +10,8 @@ from typing import Callable
 
 from hetero_core.cli.bench import run_benchmark
 from hetero_core.cli.commands import plugin_command, run_command
-from hetero_core.cli.export_tokenizer import build_parser as export_parser, export_tokenizer
+from hetero_core.cli.export_tokenizer import build_parser as export_parser
+from hetero_core.cli.export_tokenizer import export_tokenizer
 from hetero_core.cli.generate import batch, chat, one_shot
 from hetero_core.cli.options import add_engine_arguments, add_sampling_arguments, engine_config, generation_params
 from hetero_core.errors import CacheMemoryError, ConfigError, EngineError, ValidationError
@@ -33,16 +34,30 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hetero-infer", description="LLM inference with pluggable backends.", epilog=EXAMPLES,
+        prog="hetero-infer",
+        description="LLM inference with pluggable backends.",
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("command", nargs="?", choices=["generate", "plugins"], default="generate", help="or a plugin's command: serve, ...")
+    parser.add_argument(
+        "command",
+        nargs="?",
+        choices=["generate", "plugins"],
+        default="generate",
+        help="or a plugin's command: serve, ...",
+    )
     parser.add_argument("--input", help="a prompt to answer (streamed to stdout)")
     parser.add_argument("--chat", action="store_true", help="interactive chat using the model's chat template")
     parser.add_argument("--raw", action="store_true", help="send --input as plain text, not as a chat message")
-    parser.add_argument("--input-file", type=Path, help="prompts: text lines, or JSONL with 'prompt' or 'messages' and any parameters of their own (max_tokens, ...)")
+    parser.add_argument(
+        "--input-file",
+        type=Path,
+        help="prompts: text lines, or JSONL with 'prompt' or 'messages' and any parameters of their own (max_tokens, ...)",
+    )
     parser.add_argument("--output-file", type=Path, help="where --input-file results go (JSONL; default stdout)")
-    parser.add_argument("--serve", action="store_true", help="same as the 'serve' command ('hetero-infer serve --help' for its flags)")
+    parser.add_argument(
+        "--serve", action="store_true", help="same as the 'serve' command ('hetero-infer serve --help' for its flags)"
+    )
     parser.add_argument("--debug", action="store_true", help="debug logs and tracebacks")
     add_engine_arguments(parser)
     add_sampling_arguments(parser)
@@ -57,7 +72,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         return 0
     params = generation_params(args)
     if not (args.input or args.chat or args.input_file):
-        raise ConfigError("nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins, bench)")
+        raise ConfigError(
+            "nothing to do: give --input TEXT, --chat, --input-file FILE, or a command (serve, plugins, bench)"
+        )
     if config.data_parallel_size > 1:
         if not args.input_file:
             raise ConfigError("--data-parallel-size applies to serve and --input-file, not to --input or --chat")

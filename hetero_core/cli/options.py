@@ -25,8 +25,16 @@ ENGINE_FLAGS = (
     "seed",
     "data_parallel_size",
 )
-COMPONENT_FLAGS = ("tokenizer", "scheduler", "cache_allocator", "executor", "structured_output")  # a name; the file's options stay when the name is the same
-SECTIONS = ("server",)  # config sections whose keys -o sets: SECTION.KEY=VALUE, or SECTION.KEY.INNER=VALUE within an object
+COMPONENT_FLAGS = (
+    "tokenizer",
+    "scheduler",
+    "cache_allocator",
+    "executor",
+    "structured_output",
+)  # a name; the file's options stay when the name is the same
+SECTIONS = (
+    "server",
+)  # config sections whose keys -o sets: SECTION.KEY=VALUE, or SECTION.KEY.INNER=VALUE within an object
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +68,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         ("--memory-threshold", float),
     ):
         group.add_argument(flag, type=kind)
-    group.add_argument("--data-parallel-size", type=int, help="engine replicas for serve and --input-file (default 1; above 1 needs hetero-serve-ray)")
-    group.add_argument("--ray-address", help=argparse.SUPPRESS)  # moved to the ray backend's options: refused with a pointer
+    group.add_argument(
+        "--data-parallel-size",
+        type=int,
+        help="engine replicas for serve and --input-file (default 1; above 1 needs hetero-serve-ray)",
+    )
+    group.add_argument(
+        "--ray-address", help=argparse.SUPPRESS
+    )  # moved to the ray backend's options: refused with a pointer
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,12 +85,19 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--top-p", type=float, default=0.9)
     group.add_argument("--top-k", type=int)
     group.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    group.add_argument("--include-stop-str-in-output", action="store_true", help="keep the stop string that ended the text")
     group.add_argument(
-        "--skip-special-tokens", action=argparse.BooleanOptionalAction, default=True, help="leave control tokens out of the text"
+        "--include-stop-str-in-output", action="store_true", help="keep the stop string that ended the text"
+    )
+    group.add_argument(
+        "--skip-special-tokens",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="leave control tokens out of the text",
     )
     constraint = group.add_mutually_exclusive_group()
-    constraint.add_argument("--json-schema", metavar="FILE", help="answer with JSON valid against the JSON schema in FILE")
+    constraint.add_argument(
+        "--json-schema", metavar="FILE", help="answer with JSON valid against the JSON schema in FILE"
+    )
     constraint.add_argument("--regex", help="answer with text that matches this regular expression")
 
 
@@ -86,7 +107,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise ConfigError(f"--dtype is the executor's option now: use -o executor.dtype={args.dtype}", param="dtype")
     if args.ray_address is not None:
         raise ConfigError(
-            f"--ray-address is the ray backend's option now: use -o server.backend_options.address={args.ray_address}", param="ray_address"
+            f"--ray-address is the ray backend's option now: use -o server.backend_options.address={args.ray_address}",
+            param="ray_address",
         )
     config = EngineConfig.from_file(args.config) if args.config else EngineConfig()
     changes: dict[str, Any] = {key: getattr(args, key) for key in ENGINE_FLAGS if getattr(args, key) is not None}
@@ -98,7 +120,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         options.update(assigned.get(key, {}))
         if (name, options) != (current.name, dict(current.options)):
             changes[key] = {"name": name, **options}
-    changes.update({section: assigned[section] for section in SECTIONS if section in assigned})  # merged onto the file's section
+    changes.update(
+        {section: assigned[section] for section in SECTIONS if section in assigned}
+    )  # merged onto the file's section
     return config.evolve(**changes) if changes else config
 
 
@@ -123,7 +147,10 @@ def component_options(assignments: list[str]) -> dict[str, dict[str, Any]]:
             for name in outer:
                 target_object = target_object.setdefault(name, {})
                 if not isinstance(target_object, dict):
-                    raise ConfigError(f"--option {assignment!r} sets a key within {component}.{name}, which is not an object", param="option")
+                    raise ConfigError(
+                        f"--option {assignment!r} sets a key within {component}.{name}, which is not an object",
+                        param="option",
+                    )
             target_object[key] = value
         else:
             grouped.setdefault(component, {})[key] = value

@@ -11,7 +11,10 @@ the project's other plugins.
 import pytest
 
 pytest.register_assert_rewrite(
-    *(f"hetero_core.testing.{module}" for module in ("cache_allocator", "executor", "scheduler_policy", "tokenizer"))
+    *(
+        f"hetero_core.testing.{module}"
+        for module in ("cache_allocator", "executor", "scheduler_policy", "structured_output", "tokenizer")
+    )
 )
 
 from hetero_core.testing.cache_allocator import CacheAllocatorContract

@@ -299,7 +299,9 @@ class CacheAllocatorContract:
         assert allocator.stats().used_blocks == 2
 
     @pytest.mark.parametrize(("prompt_length", "num_shared"), [(9, 2), (10, 2), (12, 2), (13, 3), (4, 0)])
-    def test_a_sibling_shares_the_prompt_blocks_before_the_last_token(self, prompt_length: int, num_shared: int) -> None:
+    def test_a_sibling_shares_the_prompt_blocks_before_the_last_token(
+        self, prompt_length: int, num_shared: int
+    ) -> None:
         allocator = self.make_allocator(16, 4)
         tokens = list(range(prompt_length))
         allocator.allocate(0, tokens)
@@ -349,7 +351,13 @@ class CacheAllocatorContract:
         compute_prompt(allocator, 0, tokens)
         allocator.free(0)
         stats = allocator.stats()
-        for prompt in (tokens, tokens[:9], tokens[:8], [*tokens[:4], FILLER_TOKEN, *tokens[5:]], [FILLER_TOKEN, *tokens]):
+        for prompt in (
+            tokens,
+            tokens[:9],
+            tokens[:8],
+            [*tokens[:4], FILLER_TOKEN, *tokens[5:]],
+            [FILLER_TOKEN, *tokens],
+        ):
             predicted = allocator.num_cached_prefix_tokens(prompt)
             assert predicted % 4 == 0 and 0 <= predicted < len(prompt)
             assert allocator.stats() == stats

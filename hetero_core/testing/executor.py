@@ -137,7 +137,9 @@ class ExecutorContract:
     def test_seeded_sampling_reproduces(self, ready: Executor) -> None:
         tokens = prompt(ready, 7, seed=5)
         params = GenerationParams(temperature=1.0, top_p=1.0, seed=1234)
-        first = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 7, [0, 1], params=params, seed=1234)], BLOCK_SIZE))
+        first = ready.execute(
+            ExecutionBatch([scheduled(0, tokens, 0, 7, [0, 1], params=params, seed=1234)], BLOCK_SIZE)
+        )
         other = prompt(ready, 5, seed=6)
         again = ready.execute(
             ExecutionBatch(
@@ -167,7 +169,9 @@ class ExecutorContract:
     def test_logprobs_stay_finite_under_extreme_parameters(self, ready: Executor) -> None:
         tokens = prompt(ready, 6, seed=10)
         vocab_size = ready.model_info.vocab_size
-        extreme = GenerationParams(temperature=2.0, repetition_penalty=0.01, frequency_penalty=2.0, min_tokens=8, logprobs=20)
+        extreme = GenerationParams(
+            temperature=2.0, repetition_penalty=0.01, frequency_penalty=2.0, min_tokens=8, logprobs=20
+        )
         out = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1], params=extreme)], BLOCK_SIZE))
         assert out.errors == {} and 0 <= out.sampled_token_ids[0] < vocab_size
         entry = out.logprobs[0]
@@ -179,7 +183,9 @@ class ExecutorContract:
         params = GenerationParams(temperature=2.0, top_p=1.0)
         drawn = set()
         for seed in range(24):
-            out = ready.execute(ExecutionBatch([scheduled(seed, tokens, 0, 6, [0, 1], params=params, seed=seed)], BLOCK_SIZE))
+            out = ready.execute(
+                ExecutionBatch([scheduled(seed, tokens, 0, 6, [0, 1], params=params, seed=seed)], BLOCK_SIZE)
+            )
             drawn.add(out.sampled_token_ids[seed])
         assert len(drawn) > 1, "24 seeds at temperature 2 all drew one token: the executor does not sample"
 
@@ -194,7 +200,9 @@ class ExecutorContract:
         allowed = sorted({7 % vocab_size, 101 % vocab_size, (vocab_size - 1)})
         for seed in range(8):
             out = ready.execute(
-                ExecutionBatch([scheduled(seed, tokens, 0, 6, [0, 1], params=params, seed=seed, allowed=allowed)], BLOCK_SIZE)
+                ExecutionBatch(
+                    [scheduled(seed, tokens, 0, 6, [0, 1], params=params, seed=seed, allowed=allowed)], BLOCK_SIZE
+                )
             )
             assert out.sampled_token_ids[seed] in allowed
 
@@ -222,7 +230,9 @@ class ExecutorContract:
         tokens = prompt(ready, 6, seed=16)
         allowed = [3, 5, 8]
         params = GenerationParams(temperature=0.0, logprobs=2)
-        out = ready.execute(ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1], params=params, allowed=allowed)], BLOCK_SIZE))
+        out = ready.execute(
+            ExecutionBatch([scheduled(0, tokens, 0, 6, [0, 1], params=params, allowed=allowed)], BLOCK_SIZE)
+        )
         entry = out.logprobs[0]
         assert entry.token_id == out.sampled_token_ids[0] == entry.top[0][0]
         assert {token for token, _ in entry.top} <= set(allowed)
@@ -248,7 +258,7 @@ class ExecutorContract:
             out = ready.execute(ExecutionBatch([scheduled(1, tokens, start, count, table, params=params)], BLOCK_SIZE))
             chunked += out.prompt_logprobs[1]
         assert [e.token_id for e in chunked] == tokens[1:]
-        for alone, piece in zip(entries, chunked):
+        for alone, piece in zip(entries, chunked, strict=True):
             assert math.isclose(piece.logprob, alone.logprob, rel_tol=1e-2, abs_tol=1e-2)
 
     def test_prompt_logprobs_agree_with_the_sampled_token_logprob(self, ready: Executor) -> None:
@@ -259,7 +269,9 @@ class ExecutorContract:
         tokens = [*prefix, out.sampled_token_ids[0]]
         scoring = GenerationParams(temperature=0.0, prompt_logprobs=2, max_tokens=0)
         neighbour = scheduled(2, prompt(ready, 5, seed=19), 0, 5, [4, 5])  # asks for none, gets none
-        scored = ready.execute(ExecutionBatch([neighbour, scheduled(1, tokens, 0, 7, [2, 3], params=scoring)], BLOCK_SIZE))
+        scored = ready.execute(
+            ExecutionBatch([neighbour, scheduled(1, tokens, 0, 7, [2, 3], params=scoring)], BLOCK_SIZE)
+        )
         assert set(scored.prompt_logprobs) <= {1} and not scored.prompt_logprobs.get(2)
         last = scored.prompt_logprobs[1][-1]
         assert last.token_id == greedy.token_id and last.rank == 1

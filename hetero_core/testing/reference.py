@@ -75,7 +75,9 @@ class ReferenceAllocator:
     def can_append(self, seq_id: int, num_computed_tokens: int, num_new_tokens: int) -> bool:
         return self._num_needed(self._table(seq_id), num_computed_tokens, num_new_tokens) <= len(self._free)
 
-    def append_slots(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int) -> None:
+    def append_slots(
+        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
+    ) -> None:
         table = self._table(seq_id)
         needed = self._num_needed(table, num_computed_tokens, num_new_tokens)
         if needed > len(self._free):
@@ -111,7 +113,9 @@ class ReferenceAllocator:
     def _num_needed(self, table: list[int], num_computed_tokens: int, num_new_tokens: int) -> int:
         size = self._block_size
         if not 0 <= num_computed_tokens <= len(table) * size or num_new_tokens < 0:
-            raise SchedulerError(f"num_computed_tokens={num_computed_tokens} and num_new_tokens={num_new_tokens} do not fit the table")
+            raise SchedulerError(
+                f"num_computed_tokens={num_computed_tokens} and num_new_tokens={num_new_tokens} do not fit the table"
+            )
         return max(0, -(-(num_computed_tokens + num_new_tokens) // size) - len(table))
 
     def _take(self) -> int:

@@ -119,5 +119,9 @@ class SchedulerPolicyContract:
                 return
             waiting.remove(served)
             num_prompt_tokens = rng.randint(1, 16)
-            waiting.append(make_view(round_number, num_prompt_tokens=num_prompt_tokens, num_prefix_match_tokens=num_prompt_tokens - 1))
+            waiting.append(
+                make_view(
+                    round_number, num_prompt_tokens=num_prompt_tokens, num_prefix_match_tokens=num_prompt_tokens - 1
+                )
+            )
         pytest.fail("the oldest sequence waited 500 rounds behind later arrivals of the same priority")

@@ -34,7 +34,6 @@ import pytest
 
 from hetero_core.errors import ValidationError
 from hetero_core.protocols import Tokenizer
-from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from hetero_core.structured_output import (
     BatchMaskFiller,
     GrammarMatcher,
@@ -43,6 +42,7 @@ from hetero_core.structured_output import (
     allowed_token_ids,
     new_bitmask,
 )
+from hetero_core.tool_prompt import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 MAX_WALK = 400
 CLOSERS = frozenset({'"', "}", "]", '"}', "}}", "]}", '"]', "0", "1", ",", " ", ">", "!"})
@@ -75,7 +75,11 @@ class Walker:
         self.controls = np.array(sorted(tokenizer.special_token_ids - {self.eos}), dtype=np.int64)
         specials = tokenizer.special_token_ids
         self.closers = np.array(
-            [t for t in range(self.vocab_size) if t not in specials and tokenizer.decode([t], skip_special_tokens=True) in CLOSERS]
+            [
+                t
+                for t in range(self.vocab_size)
+                if t not in specials and tokenizer.decode([t], skip_special_tokens=True) in CLOSERS
+            ]
         )
 
     def allowed_mask(self, matcher: GrammarMatcher) -> np.ndarray:
@@ -163,10 +167,14 @@ class StructuredOutputBackendContract:
     def test_json_schema_walks_validate(self, backend: StructuredOutputBackend, walker: Walker) -> None:
         rng = random.Random(2)
         for _ in range(20):
-            value = json.loads(walker.text(walker.walk(self.matcher(backend, StructuredOutput.json_schema(FINITE_SCHEMA)), rng)))
+            value = json.loads(
+                walker.text(walker.walk(self.matcher(backend, StructuredOutput.json_schema(FINITE_SCHEMA)), rng))
+            )
             assert set(value) == {"ok", "digit"} and isinstance(value["ok"], bool) and value["digit"] in range(10)
 
-    def test_json_schema_walks_keep_the_order_of_the_properties(self, backend: StructuredOutputBackend, walker: Walker) -> None:
+    def test_json_schema_walks_keep_the_order_of_the_properties(
+        self, backend: StructuredOutputBackend, walker: Walker
+    ) -> None:
         reordered = {**FINITE_SCHEMA, "properties": dict(reversed(FINITE_SCHEMA["properties"].items()))}
         rng = random.Random(6)
         for schema, order in ((FINITE_SCHEMA, ["ok", "digit"]), (reordered, ["digit", "ok"])):
@@ -186,7 +194,9 @@ class StructuredOutputBackendContract:
                 backend.compile(constraint)
             assert info.value.param == "structured_output"
 
-    def test_compiling_an_equal_constraint_again_returns_the_cached_grammar(self, backend: StructuredOutputBackend) -> None:
+    def test_compiling_an_equal_constraint_again_returns_the_cached_grammar(
+        self, backend: StructuredOutputBackend
+    ) -> None:
         first = backend.compile(StructuredOutput.json_schema(FINITE_SCHEMA))
         assert backend.compile(StructuredOutput.json_schema(json.dumps(FINITE_SCHEMA))) is first
 
@@ -246,7 +256,9 @@ class StructuredOutputBackendContract:
             assert walker.allowed(matcher).tolist() == [walker.eos], walker.text(tokens)
             assert matcher.is_finished
 
-    def test_control_tokens_stay_out_of_free_text(self, backend: StructuredOutputBackend, walker: Walker, tokenizer: Tokenizer) -> None:
+    def test_control_tokens_stay_out_of_free_text(
+        self, backend: StructuredOutputBackend, walker: Walker, tokenizer: Tokenizer
+    ) -> None:
         """Inside a JSON string and in tool calls' free text, where any text may go, no control token may."""
         matcher = self.matcher(backend, StructuredOutput.json_schema({"type": "string"}))
         walker.accept_text(matcher, '"')
@@ -260,11 +272,13 @@ class StructuredOutputBackendContract:
         dialects = backend.grammar_dialects
         assert isinstance(dialects, tuple) and all(isinstance(d, str) and d for d in dialects)
         with pytest.raises(ValidationError, match="no-such-dialect") as info:
-            backend.compile(StructuredOutput.grammar("start: \"x\"", dialect="no-such-dialect"))
+            backend.compile(StructuredOutput.grammar('start: "x"', dialect="no-such-dialect"))
         assert info.value.param == "structured_output"
 
     @pytest.mark.parametrize("dialect", sorted(GRAMMARS))
-    def test_grammar_walks_match_the_language(self, backend: StructuredOutputBackend, walker: Walker, dialect: str) -> None:
+    def test_grammar_walks_match_the_language(
+        self, backend: StructuredOutputBackend, walker: Walker, dialect: str
+    ) -> None:
         if dialect not in backend.grammar_dialects:
             pytest.skip(f"the backend does not read {dialect}")
         constraint = StructuredOutput.grammar(GRAMMARS[dialect], dialect=dialect)
@@ -276,7 +290,9 @@ class StructuredOutputBackendContract:
             seen.add(text)
         assert len(seen) >= 2
         with pytest.raises(ValidationError):
-            backend.compile(StructuredOutput.grammar(GRAMMARS[dialect].replace('"!"', '"!" missing_rule'), dialect=dialect))
+            backend.compile(
+                StructuredOutput.grammar(GRAMMARS[dialect].replace('"!"', '"!" missing_rule'), dialect=dialect)
+            )
 
     def check_calls(self, text: str, *, open_tag: str = TOOL_CALL_OPEN, close_tag: str = TOOL_CALL_CLOSE) -> list[dict]:
         """The calls of ``text`` (calls alone, one a line), each checked against :data:`TOOL_FUNCTIONS`."""
@@ -286,17 +302,25 @@ class StructuredOutputBackendContract:
             body = block.removeprefix(open_tag)
             assert body.startswith("\n") and body.endswith("\n" + close_tag), text
             call = json.loads(body[1 : -len(close_tag) - 1])
-            assert json.dumps(call, ensure_ascii=False) == body[1 : -len(close_tag) - 1], f"not written as json.dumps writes it: {text!r}"
+            assert json.dumps(call, ensure_ascii=False) == body[1 : -len(close_tag) - 1], (
+                f"not written as json.dumps writes it: {text!r}"
+            )
             assert list(call) == ["name", "arguments"] and call["name"] in TOOL_FUNCTIONS, text
             arguments = call["arguments"]
             if call["name"] == "ping":
                 assert arguments == {}, text
             else:
-                assert set(arguments) == {"ok", "digit"} and isinstance(arguments["ok"], bool) and arguments["digit"] in range(10), text
+                assert (
+                    set(arguments) == {"ok", "digit"}
+                    and isinstance(arguments["ok"], bool)
+                    and arguments["digit"] in range(10)
+                ), text
             calls.append(call)
         return calls
 
-    def test_a_forced_call_names_a_function_with_valid_arguments(self, backend: StructuredOutputBackend, walker: Walker) -> None:
+    def test_a_forced_call_names_a_function_with_valid_arguments(
+        self, backend: StructuredOutputBackend, walker: Walker
+    ) -> None:
         constraint = StructuredOutput.tool_calls(TOOL_FUNCTIONS)
         rng = random.Random(10)
         names = set()
@@ -311,7 +335,9 @@ class StructuredOutputBackendContract:
         text = walker.text(walker.walk(self.matcher(backend, constraint), random.Random(11)))
         self.check_calls(text, **tags)
 
-    def test_several_calls_follow_one_another_on_new_lines(self, backend: StructuredOutputBackend, walker: Walker) -> None:
+    def test_several_calls_follow_one_another_on_new_lines(
+        self, backend: StructuredOutputBackend, walker: Walker
+    ) -> None:
         matcher = self.matcher(backend, StructuredOutput.tool_calls(TOOL_FUNCTIONS, several=True))
         rng = random.Random(12)
         first = walker.walk(matcher, rng, take_eos=False)
@@ -351,6 +377,8 @@ class StructuredOutputBackendContract:
             assert backend.fill_bitmasks(matchers, together) == [None] * len(matchers)
             for row, matcher in enumerate(matchers):
                 assert np.array_equal(together[row], walker.allowed_mask(matcher)), (step, row)
-                allowed = [t for t in allowed_token_ids(together[row], tokenizer.vocab_size).tolist() if t != walker.eos]
+                allowed = [
+                    t for t in allowed_token_ids(together[row], tokenizer.vocab_size).tolist() if t != walker.eos
+                ]
                 if allowed and not matcher.is_finished:
                     assert matcher.accept_token(rng.choice(allowed))

@@ -66,7 +66,13 @@ TOOL_CONVERSATION = [
     {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "lookup_word", "arguments": {"word": "serendipity"}}}],
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "lookup_word", "arguments": {"word": "serendipity"}},
+            }
+        ],
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "a happy accident"},
 ]
@@ -172,7 +178,9 @@ class TokenizerContract:
         continued = tokenizer.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
         closed = tokenizer.apply_chat_template(chat, add_generation_prompt=False)
         assert continued.endswith("One, two") and closed.startswith(continued) and closed != continued
-        assert tokenizer.apply_chat_template(chat, template_kwargs={"unused_variable": True}) == tokenizer.apply_chat_template(chat)
+        assert tokenizer.apply_chat_template(
+            chat, template_kwargs={"unused_variable": True}
+        ) == tokenizer.apply_chat_template(chat)
 
     @pytest.mark.parametrize("messages", MALFORMED_MESSAGES)
     def test_chat_template_rejects_malformed_messages(self, tokenizer: Tokenizer, messages: Any) -> None:

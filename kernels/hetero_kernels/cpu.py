@@ -81,7 +81,9 @@ def _larger(typingctx, a, b):
 
     def codegen(context, builder, signature, args):
         f32 = ir.FloatType()
-        return builder.call(host.declare(builder.module, "llvm.maxnum.f32", f32, [f32, f32]), args, fastmath=("nnan", "nsz"))
+        return builder.call(
+            host.declare(builder.module, "llvm.maxnum.f32", f32, [f32, f32]), args, fastmath=("nnan", "nsz")
+        )
 
     return types.float32(types.float32, types.float32), codegen
 
@@ -95,8 +97,12 @@ def _prefetch(typingctx, array, byte_offset):
         data = context.make_array(signature.args[0])(context, builder, args[0]).data
         address = builder.gep(builder.bitcast(data, ir.IntType(8).as_pointer()), [args[1]])
         i32 = ir.IntType(32)
-        prefetch = builder.module.declare_intrinsic("llvm.prefetch", [address.type], ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32]))
-        builder.call(prefetch, [address, ir.Constant(i32, 0), ir.Constant(i32, 1), ir.Constant(i32, 1)])  # read, L2, data
+        prefetch = builder.module.declare_intrinsic(
+            "llvm.prefetch", [address.type], ir.FunctionType(ir.VoidType(), [address.type, i32, i32, i32])
+        )
+        builder.call(
+            prefetch, [address, ir.Constant(i32, 0), ir.Constant(i32, 1), ir.Constant(i32, 1)]
+        )  # read, L2, data
         return context.get_dummy_value()
 
     return types.none(array, types.intp), codegen
@@ -139,7 +145,11 @@ def _exp_in_range(x):
     r = (x - n * np.float32(0.693145751953125)) - n * np.float32(1.4286068203094172e-06)  # ln 2 in two parts
     series = np.float32(1.0) + r * (
         np.float32(1.0)
-        + r * (np.float32(1 / 2) + r * (np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * np.float32(1 / 720)))))
+        + r
+        * (
+            np.float32(1 / 2)
+            + r * (np.float32(1 / 6) + r * (np.float32(1 / 24) + r * (np.float32(1 / 120) + r * np.float32(1 / 720))))
+        )
     )
     return series * _power_of_two(np.int32(n))
 
@@ -235,7 +245,9 @@ def _scores_overload(q, scale, keys, values, rows, first_kv_head, per_kv_head, d
 @njit(**_OPTIONS)
 def _float32_scores(q, scale, keys, values, rows, first_kv_head, per_kv_head, decode_table):
     """:func:`_scores` in float32: ``q`` scaled and in the keys' pair order, then :func:`_tile_scores`."""
-    return _tile_scores(_in_pair_order(q, scale, keys, decode_table), keys, values, rows, first_kv_head, per_kv_head, decode_table)
+    return _tile_scores(
+        _in_pair_order(q, scale, keys, decode_table), keys, values, rows, first_kv_head, per_kv_head, decode_table
+    )
 
 
 @njit(**_OPTIONS)
@@ -258,7 +270,9 @@ def _dot_scores(pairs, scale, keys, values, rows, first_kv_head, per_kv_head):
                 _prefetch_position(keys, rows[i], first, size)
             for i in range(low, min(high, count)):
                 _prefetch_position(values, rows[i], first, size)
-            cpu_scores.block(scores, pairs, keys, rows, p, first_kv_head + kv_head, kv_head * per_kv_head, per_kv_head, scale)
+            cpu_scores.block(
+                scores, pairs, keys, rows, p, first_kv_head + kv_head, kv_head * per_kv_head, per_kv_head, scale
+            )
     return scores
 
 
@@ -273,7 +287,9 @@ def _in_pair_order(q, scale, keys, decode_table):
         for c in range(0, paired, simd.PAIR):
             for i in range(simd.LANES):
                 ordered[h, c + i] = (q[h, c + 2 * i] if interleaved else q[h, c + i]) * scale
-                ordered[h, c + simd.LANES + i] = (q[h, c + 2 * i + 1] if interleaved else q[h, c + simd.LANES + i]) * scale
+                ordered[h, c + simd.LANES + i] = (
+                    q[h, c + 2 * i + 1] if interleaved else q[h, c + simd.LANES + i]
+                ) * scale
         for d in range(paired, q.shape[1]):
             ordered[h, d] = q[h, d] * scale
     return ordered
@@ -319,7 +335,19 @@ def _decode(out, query, k_cache, v_cache, block_tables, context_lens, scale, dec
     per_part = k_cache.shape[2] // parts
     for item in prange(query.shape[0] * parts):
         b, part = interleaved(item // parts, query.shape[0]), item % parts
-        _attend(out, query, b, k_cache, v_cache, block_tables[b], context_lens[b], part * per_part, per_part, scale, decode_table)
+        _attend(
+            out,
+            query,
+            b,
+            k_cache,
+            v_cache,
+            block_tables[b],
+            context_lens[b],
+            part * per_part,
+            per_part,
+            scale,
+            decode_table,
+        )
 
 
 @njit(**_OPTIONS)
@@ -340,7 +368,9 @@ def _tiles(query_start_loc, kv_heads, tile):
 
 
 @njit(parallel=True, **_OPTIONS)
-def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table, tile):
+def _prefill_tiles(
+    out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, decode_table, tile
+):
     """A few query tokens per work item, with one KV head: every query head that reads it, for each of
     the tokens, shares each key and value read from memory."""
     kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
@@ -351,7 +381,9 @@ def _prefill_tiles(out, query, k_cache, v_cache, block_tables, query_start_loc, 
     items = _tiles(query_start_loc, kv_heads, tile)
     for index in prange(items.shape[0]):
         b, first, tokens, kv_head = items[interleaved(index, items.shape[0])]
-        offset = context_lens[b] - (query_start_loc[b + 1] - query_start_loc[b]) - query_start_loc[b]  # token t sits at t + offset
+        offset = (
+            context_lens[b] - (query_start_loc[b + 1] - query_start_loc[b]) - query_start_loc[b]
+        )  # token t sits at t + offset
         visible = first + tokens + offset  # the positions the item's last token sees
         rows = _rows(block_tables[b], block_size, 0, visible)
         q = np.empty((tokens * group, head_size), dtype=np.float32)
@@ -421,9 +453,14 @@ def _tile_scores(q, keys, values, rows, first_kv_head, per_kv_head, decode_table
         for r in range(heads):
             base = (first_kv_head + r // per_kv_head) * head_size
             for slab in range(0, slabs, 2 * simd.PAIR):
-                (a, b), (c, d) = simd.load_pair(key, base + slab, decode_table), simd.load_pair(key, base + slab + simd.PAIR, decode_table)
+                (a, b), (c, d) = (
+                    simd.load_pair(key, base + slab, decode_table),
+                    simd.load_pair(key, base + slab + simd.PAIR, decode_table),
+                )
                 (qa, qb), (qc, qd) = simd.load_pair(q[r], slab), simd.load_pair(q[r], slab + simd.PAIR)
-                scores[r, p] += simd.total(simd.fma(qd, d, simd.fma(qc, c, simd.fma(qb, b, simd.fma(qa, a, simd.zeros())))))
+                scores[r, p] += simd.total(
+                    simd.fma(qd, d, simd.fma(qc, c, simd.fma(qb, b, simd.fma(qa, a, simd.zeros()))))
+                )
     for p in range(count if slabs < head_size else 0):  # head sizes not a multiple of 64
         key = keys[rows[p]]
         for r in range(heads):
@@ -449,7 +486,10 @@ def _tile_values(weights, values, rows, first_kv_head, per_kv_head, head_size, d
     for kv_head in range(heads // per_kv_head):
         last = (kv_head + 1) * per_kv_head - 1
         for slab in range(0, paired, 2 * simd.PAIR):
-            at, whole = (first_kv_head + kv_head) * head_size + slab, slab + 2 * simd.PAIR <= paired  # else one pair is left
+            at, whole = (
+                (first_kv_head + kv_head) * head_size + slab,
+                slab + 2 * simd.PAIR <= paired,
+            )  # else one pair is left
             for r in range(kv_head * per_kv_head, last + 1, 2):
                 w0, w1 = weights[r], weights[min(r + 1, last)]
                 a0, a1, a2, a3 = simd.zeros(), simd.zeros(), simd.zeros(), simd.zeros()
@@ -501,7 +541,10 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
     """Store ``key``/``value`` [T, kv_heads, head_size] at their slots (a negative slot is skipped);
     a bfloat16 cache (``uint16`` bits) takes them as bits too."""
     if k_cache.dtype == np.float16:
-        key, value = key.astype(np.float16, copy=False).view(np.uint16), value.astype(np.float16, copy=False).view(np.uint16)
+        key, value = (
+            key.astype(np.float16, copy=False).view(np.uint16),
+            value.astype(np.float16, copy=False).view(np.uint16),
+        )
         k_cache, v_cache = k_cache.view(np.uint16), v_cache.view(np.uint16)
     _copy_rows(key, value, k_cache, v_cache, slot_mapping)
 
@@ -512,8 +555,12 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     _decode(out, query, k, v, block_tables, context_lens, np.float32(scale), decode_table)
 
 
-def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float) -> None:
+def paged_prefill_attention(
+    out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float
+) -> None:
     """Chunks of query tokens [T, heads, head_size]; token i of sequence b sits at position
     ``context_lens[b] - q_len_b + i`` and attends causally to every position up to its own."""
     (k, decode_table), (v, _) = _cache_view(k_cache), _cache_view(v_cache)
-    _prefill_tiles(out, query, k, v, block_tables, query_start_loc, context_lens, np.float32(scale), decode_table, TILE_TOKENS)
+    _prefill_tiles(
+        out, query, k, v, block_tables, query_start_loc, context_lens, np.float32(scale), decode_table, TILE_TOKENS
+    )

@@ -41,7 +41,9 @@ from hetero_kernels.elements import get, put, rounded
 
 _OPTIONS = dict(fastmath=True, cache=True)
 PARALLEL_FROM_ROWS = 32  # fewer rows of a norm cost less than waking the other threads
-SILU_ZERO_BELOW = np.float32(-88.0)  # below, silu(x) = x / (1 + exp(-x)) is under 1e-36 (torch gives 0 from -88.7: exp overflows)
+SILU_ZERO_BELOW = np.float32(
+    -88.0
+)  # below, silu(x) = x / (1 + exp(-x)) is under 1e-36 (torch gives 0 from -88.7: exp overflows)
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True)
@@ -122,7 +124,22 @@ def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
 
 
 @njit(parallel=True, **_OPTIONS)
-def rotary_decode_planned(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, scale, decode_table, parts, spans):
+def rotary_decode_planned(
+    out,
+    qkv,
+    cos,
+    sin,
+    k_cache,
+    v_cache,
+    slots,
+    block_tables,
+    context_lens,
+    num_heads,
+    scale,
+    decode_table,
+    parts,
+    spans,
+):
     """:func:`rotary_decode_attention` with its plan (:func:`decode_plan`) given, callable from other
     compiled kernels (:mod:`hetero_kernels.cpu_layer`)."""
     num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
@@ -138,12 +155,16 @@ def rotary_decode_planned(out, qkv, cos, sin, k_cache, v_cache, slots, block_tab
             key = np.empty(head_size, dtype=k_cache.dtype)
             for kv_head in range(first_kv_head, first_kv_head + per_part):
                 _rotate(key, row, (num_heads + kv_head) * head_size, c, s, out)
-                _write_kv(key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[b], kv_head)
+                _write_kv(
+                    key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[b], kv_head
+                )
         q = np.empty((heads, head_size), dtype=np.float32)
         for h in range(heads):
             _rotate(q[h], row, (first_kv_head * group + h) * head_size, c, s, out)
         start, stop = length * span // spans, length * (span + 1) // spans
-        acc, peaks[item, span], sums[item, span] = attend_span(q, scale, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table)
+        acc, peaks[item, span], sums[item, span] = attend_span(
+            q, scale, group, k_cache, v_cache, block_tables[b], start, stop, first_kv_head, decode_table
+        )
         if spans == 1:  # nothing to merge: normalised and written here, in parallel
             for h in range(heads):
                 head, total = out[b, first_kv_head * group + h], sums[item, span, h]
@@ -170,7 +191,9 @@ def rotary_decode_planned(out, qkv, cos, sin, k_cache, v_cache, slots, block_tab
                 put(head, d, value / total)
 
 
-def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads: int, scale: float) -> None:
+def rotary_decode_attention(
+    out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads: int, scale: float
+) -> None:
     """One decode token per sequence: ``qkv`` ``[B, (heads + 2 * kv_heads) * head_size]`` (q heads, k
     heads, v heads) with ``cos``/``sin`` ``[B, head_size]`` for its position; writes its rotated key and
     its value at ``slots[b]`` of ``k_cache``/``v_cache`` and the attention over the sequence's
@@ -180,7 +203,9 @@ def rotary_decode_attention(out, qkv, cos, sin, k_cache, v_cache, slots, block_t
     A work item is a sequence with all its heads; below ``SPLIT_BELOW_TOKENS`` sequences, one KV head
     over one of two halves of the positions (merged after), so that both threads get as much work."""
     plan = decode_plan(qkv.shape[0], k_cache)
-    rotary_decode_planned(out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), *plan)
+    rotary_decode_planned(
+        out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), *plan
+    )
 
 
 def decode_plan(sequences: int, k_cache) -> tuple:
@@ -206,7 +231,15 @@ def rotary_write(query, key, qkv, cos, sin, k_cache, v_cache, slots):
             _rotate(query[t, h], row, h * head_size, c, s, query)
         for kv_head in range(num_kv_heads):
             _rotate(key[t, kv_head], row, (num_heads + kv_head) * head_size, c, s, query)
-            _write_kv(key[t, kv_head], row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[t], kv_head)
+            _write_kv(
+                key[t, kv_head],
+                row,
+                (num_heads + num_kv_heads + kv_head) * head_size,
+                k_cache,
+                v_cache,
+                slots[t],
+                kv_head,
+            )
 
 
 @njit(parallel=True, **_OPTIONS)

@@ -79,7 +79,9 @@ def pack8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) ->
     if size % PAIR:
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
     if scale.shape[1] not in (size // GROUP_SIZE, size // FINE_GROUP_SIZE):
-        raise ValueError(f"{scale.shape[1]} factors per row of {size} inputs: groups must be {GROUP_SIZE} or {FINE_GROUP_SIZE} inputs")
+        raise ValueError(
+            f"{scale.shape[1]} factors per row of {size} inputs: groups must be {GROUP_SIZE} or {FINE_GROUP_SIZE} inputs"
+        )
     scale = np.asarray(scale, np.float32)
     minimum = np.float32(-128.0) * scale
     if offset is not None:
@@ -157,7 +159,9 @@ def _make_dot(eight_bit: bool):
     factors' shape, ``[pairs, 2, 4]``, says groups of 16)."""
 
     def codegen(context, builder, signature, args):
-        row, highs, lows, scales, steps = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args))
+        row, highs, lows, scales, steps = (
+            context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args, strict=True)
+        )
         pairs = cgutils.unpack_tuple(builder, scales.shape)[0]
         dot_bytes = host.declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", _LANES, [_LANES] * 3)
         zero_lanes = ir.Constant(_LANES, None)
@@ -171,23 +175,37 @@ def _make_dot(eight_bit: bool):
 
         def pair(p):
             if eight_bit:  # q + 128, unsigned: the sign bit flipped
-                q = builder.bitcast(builder.xor(load(builder, row, p, 64, _vector(_I8, 64)), ir.Constant(_vector(_I8, 64), [-128] * 64)), _LANES)
+                q = builder.bitcast(
+                    builder.xor(
+                        load(builder, row, p, 64, _vector(_I8, 64)), ir.Constant(_vector(_I8, 64), [-128] * 64)
+                    ),
+                    _LANES,
+                )
                 lower = builder.call(dot_bytes, [zero_lanes, q, load(builder, lows, p, 64, _LANES)])
             else:
                 packed = load(builder, row, p, 32, _vector(_I8, 32))
                 first = builder.and_(packed, ir.Constant(_vector(_I8, 32), [15] * 32))
                 second = builder.lshr(packed, ir.Constant(_vector(_I8, 32), [4] * 32))
-                q = builder.bitcast(builder.shuffle_vector(first, second, ir.Constant(_vector(_I32, 64), list(range(64)))), _LANES)
+                q = builder.bitcast(
+                    builder.shuffle_vector(first, second, ir.Constant(_vector(_I32, 64), list(range(64)))), _LANES
+                )
                 lower = builder.call(dot_bytes, [zero_lanes, load(builder, lows, p, 64, _LANES), q])
             upper = builder.call(dot_bytes, [zero_lanes, q, load(builder, highs, p, 64, _LANES)])
             sums = builder.sitofp(builder.add(builder.shl(upper, ir.Constant(_LANES, [8] * 16)), lower), _FLOATS)
             floats = _vector(_F32, width)
             if halves:
-                weight = builder.fpext(builder.bitcast(load(builder, scales, p, width, _vector(ir.IntType(16), width)), _vector(ir.HalfType(), width)), floats)
+                weight = builder.fpext(
+                    builder.bitcast(
+                        load(builder, scales, p, width, _vector(ir.IntType(16), width)), _vector(ir.HalfType(), width)
+                    ),
+                    floats,
+                )
             else:
                 weight = load(builder, scales, p, width, floats)
             factors = builder.fmul(weight, load(builder, steps, p, width, floats))
-            return builder.fadd(builder.fmul(sums, spread(factors, 0), flags=["fast"]), spread(factors, groups), flags=["fast"])
+            return builder.fadd(
+                builder.fmul(sums, spread(factors, 0), flags=["fast"]), spread(factors, groups), flags=["fast"]
+            )
 
         total = _sum_over(builder, pairs, pair)
         reduce = host.declare(builder.module, "llvm.vector.reduce.fadd.v16f32", _F32, [_F32, _FLOATS])
@@ -253,7 +271,9 @@ def _quantize(x, high, low, factors, signed_low):
                 factors[pair, 4 + 2 * side + half] = part / np.float32(4.0)
         if not fine:
             factors[pair, side] = step
-            factors[pair, 2 + side] = (step * np.float32(whole_quantized) if signed_low else whole_total) / np.float32(8.0)
+            factors[pair, 2 + side] = (step * np.float32(whole_quantized) if signed_low else whole_total) / np.float32(
+                8.0
+            )
 
 
 @njit(**_OPTIONS)

@@ -74,7 +74,9 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     in // 32, 32]``: each group's sixteen scales, then its sixteen ``minimum - 128 * scale``."""
     outputs, size = q.shape
     if outputs % OUTPUTS or size % GROUP_SIZE:
-        raise ValueError(f"weights {outputs}x{size}: the outputs must be a multiple of {OUTPUTS}, the inputs a multiple of {GROUP_SIZE}")
+        raise ValueError(
+            f"weights {outputs}x{size}: the outputs must be a multiple of {OUTPUTS}, the inputs a multiple of {GROUP_SIZE}"
+        )
     packed = np.zeros((outputs // OUTPUTS, size // GROUP_SIZE, PACKED_BYTES), np.uint8)
     _pack_nibbles(np.asarray(q, np.uint8), _LAYOUT, packed)
     scale = np.asarray(scale, np.float32)
@@ -96,7 +98,9 @@ def _pack_nibbles(q, layout, packed):
             for pair in range(layout.shape[0]):
                 for word in range(layout.shape[1]):
                     byte, shift = layout[pair, word]
-                    out[byte] |= np.uint8(q[tile * OUTPUTS + word // 2, group * GROUP_SIZE + 2 * pair + word % 2] << shift)
+                    out[byte] |= np.uint8(
+                        q[tile * OUTPUTS + word // 2, group * GROUP_SIZE + 2 * pair + word % 2] << shift
+                    )
 
 
 _I8, _I32, _I64, _BF16 = ir.IntType(8), ir.IntType(32), ir.IntType(64), host.BFloat16()
@@ -108,13 +112,18 @@ def _make_tile(rows: int):
     from ``first`` (rows past the last repeat it)."""
 
     def codegen(context, builder, signature, args):
-        packed, factors, x, sums, out = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:5], args[:5]))
+        packed, factors, x, sums, out = (
+            context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:5], args[:5], strict=True)
+        )
         tile, first = args[5], args[6]
         groups = cgutils.unpack_tuple(builder, packed.shape)[1]
         steps, size = cgutils.unpack_tuple(builder, x.shape)
         last_row = builder.sub(steps, ir.Constant(_I64, 1))
         outputs = cgutils.unpack_tuple(builder, out.shape)[1]
-        row_of = [builder.select(builder.icmp_signed("<", t, last_row), t, last_row) for t in (builder.add(first, ir.Constant(_I64, r)) for r in range(rows))]
+        row_of = [
+            builder.select(builder.icmp_signed("<", t, last_row), t, last_row)
+            for t in (builder.add(first, ir.Constant(_I64, r)) for r in range(rows))
+        ]
         fma = host.declare(builder.module, "llvm.fma.v16f32", _FLOATS, [_FLOATS] * 3)
         zero, index = ir.Constant(_FLOATS, None), lambda n: ir.Constant(_I64, n)
         exponent, low_nibbles = host.constant(_I8, [0x43] * 64), host.constant(_I8, [0x0F] * 64)
@@ -131,25 +140,36 @@ def _make_tile(rows: int):
         item = builder.add(builder.mul(tile, groups), group)
         partial = [zero] * rows
         for chunk in range(4):
-            data = vector_at(packed, builder.add(builder.mul(item, index(PACKED_BYTES)), index(64 * chunk)), ir.VectorType(_I8, 64))
+            data = vector_at(
+                packed, builder.add(builder.mul(item, index(PACKED_BYTES)), index(64 * chunk)), ir.VectorType(_I8, 64)
+            )
             nibbles = (builder.and_(data, low_nibbles), builder.lshr(data, host.constant(_I8, [4] * 64)))
             for vector in range(4):
                 lanes = [byte for word in range(32) for byte in (16 * (word // 8) + word % 8 + 8 * (vector % 2), 64)]
-                weights = builder.bitcast(builder.shuffle_vector(nibbles[vector // 2], exponent, host.constant(_I32, lanes)), _WEIGHTS)
+                weights = builder.bitcast(
+                    builder.shuffle_vector(nibbles[vector // 2], exponent, host.constant(_I32, lanes)), _WEIGHTS
+                )
                 pair = builder.add(builder.mul(group, index(GROUP_SIZE // 2)), index(4 * chunk + vector))
                 for r in range(rows):
-                    inputs = host.splat(builder, builder.load(builder.gep(pair_words[r], [pair]), align=4), ir.VectorType(_I32, 16))
+                    inputs = host.splat(
+                        builder, builder.load(builder.gep(pair_words[r], [pair]), align=4), ir.VectorType(_I32, 16)
+                    )
                     partial[r] = host.dot_bfloat16(builder, partial[r], weights, builder.bitcast(inputs, _WEIGHTS))
         scale = vector_at(factors, builder.mul(item, index(32)), _FLOATS)
         offset = vector_at(factors, builder.add(builder.mul(item, index(32)), index(16)), _FLOATS)
         grown = []
         for r in range(rows):
             total = builder.load(builder.gep(sums.data, [builder.add(builder.mul(row_of[r], groups), group)]))
-            grown.append(builder.call(fma, [offset, host.splat(builder, total, _FLOATS), builder.call(fma, [partial[r], scale, running[r]])]))
+            grown.append(
+                builder.call(
+                    fma,
+                    [offset, host.splat(builder, total, _FLOATS), builder.call(fma, [partial[r], scale, running[r]])],
+                )
+            )
         following = builder.add(group, index(1))
         group.add_incoming(index(0), entry)
         group.add_incoming(following, builder.block)
-        for phi, value in zip(running, grown):
+        for phi, value in zip(running, grown, strict=True):
             phi.add_incoming(zero, entry)
             phi.add_incoming(value, builder.block)
         builder.cbranch(builder.icmp_signed("<", following, groups), loop, done)
@@ -157,15 +177,26 @@ def _make_tile(rows: int):
         as_bfloat16 = signature.args[4].dtype == types.uint16
         for r in range(rows):
             value = builder.fptrunc(grown[r], ir.VectorType(_BF16, 16)) if as_bfloat16 else grown[r]
-            address = builder.gep(out.data, [builder.add(builder.mul(row_of[r], outputs), builder.mul(tile, index(OUTPUTS)))])
+            address = builder.gep(
+                out.data, [builder.add(builder.mul(row_of[r], outputs), builder.mul(tile, index(OUTPUTS)))]
+            )
             builder.store(value, builder.bitcast(address, value.type.as_pointer()), align=1)
         return context.get_dummy_value()
 
     def work_item(typingctx, packed, factors, x, sums, out, tile, first):
-        expected = {"packed": (packed, (types.uint8,), 3), "factors": (factors, (types.float32,), 3), "x": (x, (types.uint16,), 2), "out": (out, (types.float32, types.uint16), 2)}
+        expected = {
+            "packed": (packed, (types.uint8,), 3),
+            "factors": (factors, (types.float32,), 3),
+            "x": (x, (types.uint16,), 2),
+            "out": (out, (types.float32, types.uint16), 2),
+        }
         for name, (array, dtypes, ndim) in expected.items():
-            if not (isinstance(array, types.Array) and array.layout == "C" and array.ndim == ndim and array.dtype in dtypes):
-                raise TypingError(f"cpu_int4_tiles.matmul: {name} must be a contiguous {ndim}-D array of {' or '.join(map(str, dtypes))}, got {array}")
+            if not (
+                isinstance(array, types.Array) and array.layout == "C" and array.ndim == ndim and array.dtype in dtypes
+            ):
+                raise TypingError(
+                    f"cpu_int4_tiles.matmul: {name} must be a contiguous {ndim}-D array of {' or '.join(map(str, dtypes))}, got {array}"
+                )
         return types.void(packed, factors, x, sums, out, types.int64, types.int64), codegen
 
     return intrinsic(work_item)

@@ -47,7 +47,9 @@ def decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, attenti
     :func:`hetero_kernels.cpu_fused.rotary_decode_attention`'s arguments past ``out`` and ``qkv``,
     with its :func:`~hetero_kernels.cpu_fused.decode_plan`."""
     qkv, attended, projected, gate_up, mlp = buffers
-    (qkv_bytes, qkv_factors), (o_bytes, o_factors), (gate_up_bytes, gate_up_factors), (down_bytes, down_factors) = weights
+    (qkv_bytes, qkv_factors), (o_bytes, o_factors), (gate_up_bytes, gate_up_factors), (down_bytes, down_factors) = (
+        weights
+    )
     _matmul(x, qkv_bytes, qkv_factors, qkv)
     rotary_decode_planned(attended, qkv, *attention)
     _matmul(attended.reshape(x.shape[0], -1), o_bytes, o_factors, projected)

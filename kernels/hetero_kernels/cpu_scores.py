@@ -75,22 +75,44 @@ def _transpose(builder: ir.IRBuilder, vectors: list[ir.Value]) -> list[ir.Value]
     words = [shuffle(vectors[j], vectors[j + 1], lanes) for j in range(0, 16, 2) for lanes in (low_words, high_words)]
     # for the four vectors 4g..4g+3: quads[g][k] holds, in 128-bit lane L, word 4L + k of each of them
     quads = [
-        [shuffle(low, next_low, low_pairs), shuffle(low, next_low, high_pairs), shuffle(high, next_high, low_pairs), shuffle(high, next_high, high_pairs)]
+        [
+            shuffle(low, next_low, low_pairs),
+            shuffle(low, next_low, high_pairs),
+            shuffle(high, next_high, low_pairs),
+            shuffle(high, next_high, high_pairs),
+        ]
         for low, high, next_low, next_high in (words[4 * g : 4 * g + 4] for g in range(4))
     ]
     result = [None] * WORDS
     for k in range(4):
-        front_01, back_01 = shuffle(quads[0][k], quads[1][k], of_lanes(0, 1, 4, 5)), shuffle(quads[0][k], quads[1][k], of_lanes(2, 3, 6, 7))
-        front_23, back_23 = shuffle(quads[2][k], quads[3][k], of_lanes(0, 1, 4, 5)), shuffle(quads[2][k], quads[3][k], of_lanes(2, 3, 6, 7))
-        result[k], result[4 + k] = shuffle(front_01, front_23, of_lanes(0, 2, 4, 6)), shuffle(front_01, front_23, of_lanes(1, 3, 5, 7))
-        result[8 + k], result[12 + k] = shuffle(back_01, back_23, of_lanes(0, 2, 4, 6)), shuffle(back_01, back_23, of_lanes(1, 3, 5, 7))
+        front_01, back_01 = (
+            shuffle(quads[0][k], quads[1][k], of_lanes(0, 1, 4, 5)),
+            shuffle(quads[0][k], quads[1][k], of_lanes(2, 3, 6, 7)),
+        )
+        front_23, back_23 = (
+            shuffle(quads[2][k], quads[3][k], of_lanes(0, 1, 4, 5)),
+            shuffle(quads[2][k], quads[3][k], of_lanes(2, 3, 6, 7)),
+        )
+        result[k], result[4 + k] = (
+            shuffle(front_01, front_23, of_lanes(0, 2, 4, 6)),
+            shuffle(front_01, front_23, of_lanes(1, 3, 5, 7)),
+        )
+        result[8 + k], result[12 + k] = (
+            shuffle(back_01, back_23, of_lanes(0, 2, 4, 6)),
+            shuffle(back_01, back_23, of_lanes(1, 3, 5, 7)),
+        )
     return result
 
 
 def _codegen(context, builder, signature, args):
-    scores, q_pairs, keys, rows = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:4], args[:4]))
+    scores, q_pairs, keys, rows = (
+        context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:4], args[:4], strict=True)
+    )
     first, kv_head, first_row, row_count, scale = args[4:]
-    index = lambda n: ir.Constant(_I64, n)
+
+    def index(n: int) -> ir.Constant:
+        return ir.Constant(_I64, n)
+
     width = cgutils.unpack_tuple(builder, scores.shape)[1]
     pairs = cgutils.unpack_tuple(builder, q_pairs.shape)[1]
     key_words = builder.sdiv(cgutils.unpack_tuple(builder, keys.shape)[1], index(2))
@@ -99,7 +121,9 @@ def _codegen(context, builder, signature, args):
     starts = []  # each position's first word of the KV head (positions past the last repeat it)
     for j in range(POSITIONS):
         position = builder.add(first, index(j))
-        row = builder.load(builder.gep(rows.data, [builder.select(builder.icmp_signed("<", position, last), position, last)]))
+        row = builder.load(
+            builder.gep(rows.data, [builder.select(builder.icmp_signed("<", position, last), position, last)])
+        )
         starts.append(builder.gep(key_data, [builder.add(builder.mul(row, key_words), builder.mul(kv_head, pairs))]))
     entry = builder.block
     words_loop, rows_loop = builder.append_basic_block("words"), builder.append_basic_block("rows")
@@ -109,7 +133,10 @@ def _codegen(context, builder, signature, args):
     builder.position_at_end(words_loop)
     done_words = builder.phi(_I64)
     done_words.add_incoming(index(0), entry)
-    loaded = [builder.load(builder.bitcast(builder.gep(start, [done_words]), _WORDS.as_pointer()), align=4) for start in starts]
+    loaded = [
+        builder.load(builder.bitcast(builder.gep(start, [done_words]), _WORDS.as_pointer()), align=4)
+        for start in starts
+    ]
     columns = [builder.bitcast(column, host.BFLOAT16_PAIRS) for column in _transpose(builder, loaded)]
     first_round = builder.icmp_signed("==", done_words, index(0))
     last_round = builder.icmp_signed("==", builder.add(done_words, index(WORDS)), pairs)
@@ -120,15 +147,26 @@ def _codegen(context, builder, signature, args):
     r = builder.phi(_I64)
     r.add_incoming(index(0), transposed)
     row = builder.add(first_row, r)
-    target = builder.bitcast(builder.gep(scores.data, [builder.add(builder.mul(row, width), first)]), _FLOATS.as_pointer())
+    target = builder.bitcast(
+        builder.gep(scores.data, [builder.add(builder.mul(row, width), first)]), _FLOATS.as_pointer()
+    )
     zero = ir.Constant(_FLOATS, None)
-    sums = [builder.select(first_round, zero, builder.load(target, align=4)), zero, zero, zero]  # four chains of dot products
+    sums = [
+        builder.select(first_round, zero, builder.load(target, align=4)),
+        zero,
+        zero,
+        zero,
+    ]  # four chains of dot products
     query = builder.gep(q_pairs.data, [builder.add(builder.mul(row, pairs), done_words)])
     for i in range(WORDS):
-        pair = builder.bitcast(host.splat(builder, builder.load(builder.gep(query, [index(i)]), align=4), _WORDS), host.BFLOAT16_PAIRS)
+        pair = builder.bitcast(
+            host.splat(builder, builder.load(builder.gep(query, [index(i)]), align=4), _WORDS), host.BFLOAT16_PAIRS
+        )
         sums[i % 4] = host.dot_bfloat16(builder, sums[i % 4], columns[i], pair)
     total = builder.fadd(builder.fadd(sums[0], sums[1]), builder.fadd(sums[2], sums[3]))
-    builder.store(builder.select(last_round, builder.fmul(total, host.splat(builder, scale, _FLOATS)), total), target, align=4)
+    builder.store(
+        builder.select(last_round, builder.fmul(total, host.splat(builder, scale, _FLOATS)), total), target, align=4
+    )
     following = builder.add(r, index(1))
     r.add_incoming(following, builder.block)
     builder.cbranch(builder.icmp_signed("<", following, row_count), rows_loop, next_words)
@@ -148,8 +186,15 @@ def block(typingctx, scores, q_pairs, keys, rows, first, kv_head, first_row, row
     KV head ``kv_head`` at positions ``first .. first + 15``: position ``p``'s key at row ``rows[p]``
     of ``keys`` (bfloat16 bits ``[rows, kv_heads * head_size]``). Positions past the last of ``rows``
     repeat it; ``scores`` must be wide enough for all sixteen."""
-    expected = {"scores": (scores, types.float32, 2), "q_pairs": (q_pairs, types.uint32, 2), "keys": (keys, types.uint16, 2), "rows": (rows, types.int64, 1)}
+    expected = {
+        "scores": (scores, types.float32, 2),
+        "q_pairs": (q_pairs, types.uint32, 2),
+        "keys": (keys, types.uint16, 2),
+        "rows": (rows, types.int64, 1),
+    }
     for name, (array, dtype, ndim) in expected.items():
         if not (isinstance(array, types.Array) and array.layout == "C" and array.ndim == ndim and array.dtype == dtype):
             raise TypingError(f"cpu_scores.block: {name} must be a contiguous {ndim}-D array of {dtype}, got {array}")
-    return types.void(scores, q_pairs, keys, rows, types.int64, types.int64, types.int64, types.int64, types.float32), _codegen
+    return types.void(
+        scores, q_pairs, keys, rows, types.int64, types.int64, types.int64, types.int64, types.float32
+    ), _codegen

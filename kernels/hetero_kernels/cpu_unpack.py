@@ -29,8 +29,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from hetero_kernels.elements import put
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32
+from hetero_kernels.elements import put
 
 GROUP_SIZE = 32
 PAIR = 2 * GROUP_SIZE
@@ -79,7 +79,10 @@ def _unpack8(packed, factors, rows, out, table):
         row, line = rows[i], out[i]
         for pair in range(factors.shape[1]):
             for group in range(groups):
-                scale, minimum = _factor(factors, row, pair, group, table), _factor(factors, row, pair, groups + group, table)
+                scale, minimum = (
+                    _factor(factors, row, pair, group, table),
+                    _factor(factors, row, pair, groups + group, table),
+                )
                 base = pair * PAIR + group * size
                 for j in range(base, base + size):
                     put(line, j, np.float32(np.int32(packed[row, j]) + 128) * scale + minimum)

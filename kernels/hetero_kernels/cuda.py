@@ -71,7 +71,9 @@ _ACC_SIZE = MAX_GROUP * DIMS_PER_LANE
 def _prefill_shared_bytes(tile: int, tokens_per_split: int, row_lanes: int, max_group: int, max_head_size: int) -> int:
     """The prefill kernel's shared arrays (the decode kernel's are a subset), in bytes."""
     rows_at_once = tile // row_lanes
-    floats = (2 + rows_at_once) * max_group * max_head_size + max_group * tokens_per_split + max_group * tile + 4 * max_group
+    floats = (
+        (2 + rows_at_once) * max_group * max_head_size + max_group * tokens_per_split + max_group * tile + 4 * max_group
+    )
     return 4 * floats
 
 
@@ -90,8 +92,20 @@ def configure(
     Only before the first launch: on a GPU the constants are compiled into the kernels.
     """
     global TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY, ROW_LANES, MAX_GROUP, MAX_HEAD_SIZE
-    global ROWS_AT_ONCE, KEYS_AT_ONCE, DIMS_PER_LANE, _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE, _ROWS_SIZE, _ACC_SIZE
-    if any(getattr(kernel, "overloads", None) for kernel in (_decode_split_kernel, _merge_splits_kernel, _prefill_kernel, _write_kv_kernel)):
+    global \
+        ROWS_AT_ONCE, \
+        KEYS_AT_ONCE, \
+        DIMS_PER_LANE, \
+        _QUERY_SIZE, \
+        _SCORES_SIZE, \
+        _SCRATCH_SIZE, \
+        _STATS_SIZE, \
+        _ROWS_SIZE, \
+        _ACC_SIZE
+    if any(
+        getattr(kernel, "overloads", None)
+        for kernel in (_decode_split_kernel, _merge_splits_kernel, _prefill_kernel, _write_kv_kernel)
+    ):
         raise RuntimeError("hetero_kernels.cuda.configure() must run before the first kernel launch")
     tile = TILE if tile is None else tile
     tokens_per_split = TOKENS_PER_SPLIT if tokens_per_split is None else tokens_per_split
@@ -107,14 +121,28 @@ def configure(
     if row_lanes < 1 or tile % row_lanes:
         raise ValueError(f"row_lanes must divide the tile ({tile} threads), got {row_lanes}")
     if not 1 <= min_tokens_per_split <= tokens_per_split:
-        raise ValueError(f"min_tokens_per_split must be between 1 and tokens_per_split ({tokens_per_split}), got {min_tokens_per_split}")
+        raise ValueError(
+            f"min_tokens_per_split must be between 1 and tokens_per_split ({tokens_per_split}), got {min_tokens_per_split}"
+        )
     shared = _prefill_shared_bytes(tile, tokens_per_split, row_lanes, max_group, max_head_size)
     if shared > MAX_SHARED_BYTES:
-        raise ValueError(f"this launch shape needs {shared} bytes of shared memory per block; the limit is {MAX_SHARED_BYTES}")
-    TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY = tile, tokens_per_split, min_tokens_per_split, lanes_per_key
+        raise ValueError(
+            f"this launch shape needs {shared} bytes of shared memory per block; the limit is {MAX_SHARED_BYTES}"
+        )
+    TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY = (
+        tile,
+        tokens_per_split,
+        min_tokens_per_split,
+        lanes_per_key,
+    )
     ROW_LANES, MAX_GROUP, MAX_HEAD_SIZE = row_lanes, max_group, max_head_size
     ROWS_AT_ONCE, KEYS_AT_ONCE, DIMS_PER_LANE = TILE // ROW_LANES, TILE // LANES_PER_KEY, -(-MAX_HEAD_SIZE // ROW_LANES)
-    _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE = MAX_GROUP * MAX_HEAD_SIZE, MAX_GROUP * TOKENS_PER_SPLIT, MAX_GROUP * TILE, 2 * MAX_GROUP
+    _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE = (
+        MAX_GROUP * MAX_HEAD_SIZE,
+        MAX_GROUP * TOKENS_PER_SPLIT,
+        MAX_GROUP * TILE,
+        2 * MAX_GROUP,
+    )
     _ROWS_SIZE, _ACC_SIZE = ROWS_AT_ONCE * _QUERY_SIZE, MAX_GROUP * DIMS_PER_LANE
 
 
@@ -307,7 +335,17 @@ def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping):
 
 @cuda.jit
 def _decode_split_kernel(
-    partial_acc, partial_stats, query, k_cache, v_cache, block_tables, context_lens, scale, heads_per_block, blocks_per_kv_head, split_len
+    partial_acc,
+    partial_stats,
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    context_lens,
+    scale,
+    heads_per_block,
+    blocks_per_kv_head,
+    split_len,
 ):
     b, split, tid = cuda.blockIdx.x, cuda.blockIdx.z, cuda.threadIdx.x
     start = split * split_len
@@ -320,7 +358,9 @@ def _decode_split_kernel(
     scratch = cuda.shared.array(_SCRATCH_SIZE, float32)
     stats = cuda.shared.array(_STATS_SIZE, float32)
     rows = cuda.shared.array(_ROWS_SIZE, float32)
-    kv_head, first_head, num_heads = _head_group(query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y)
+    kv_head, first_head, num_heads = _head_group(
+        query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y
+    )
     _load_queries(q_shared, query, b, first_head, num_heads, scale, tid)
     table = block_tables[b]
     _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid)
@@ -365,7 +405,18 @@ def _sequence_of(query_start_loc, token):
 
 
 @cuda.jit
-def _prefill_kernel(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, heads_per_block, blocks_per_kv_head):
+def _prefill_kernel(
+    out,
+    query,
+    k_cache,
+    v_cache,
+    block_tables,
+    query_start_loc,
+    context_lens,
+    scale,
+    heads_per_block,
+    blocks_per_kv_head,
+):
     token, tid = cuda.blockIdx.x, cuda.threadIdx.x
     q_shared = cuda.shared.array(_QUERY_SIZE, float32)
     scores = cuda.shared.array(_SCORES_SIZE, float32)
@@ -374,7 +425,9 @@ def _prefill_kernel(out, query, k_cache, v_cache, block_tables, query_start_loc,
     rows = cuda.shared.array(_ROWS_SIZE, float32)
     running = cuda.shared.array(_STATS_SIZE, float32)  # running max, running sum per head
     acc = cuda.shared.array(_QUERY_SIZE, float32)
-    kv_head, first_head, num_heads = _head_group(query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y)
+    kv_head, first_head, num_heads = _head_group(
+        query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y
+    )
     _load_queries(q_shared, query, token, first_head, num_heads, scale, tid)
     b = _sequence_of(query_start_loc, token)
     query_len = query_start_loc[b + 1] - query_start_loc[b]
@@ -394,13 +447,15 @@ def _prefill_kernel(out, query, k_cache, v_cache, block_tables, query_start_loc,
         for item in range(tid, num_heads * head_size, TILE):
             g, dim = item // head_size, item % head_size
             new_max = max(running[g], stats[g])
-            acc[item] = acc[item] * math.exp(running[g] - new_max) + _summed_rows(rows, g, dim) * math.exp(stats[g] - new_max)
+            acc[item] = acc[item] * math.exp(running[g] - new_max) + _summed_rows(rows, g, dim) * math.exp(
+                stats[g] - new_max
+            )
         cuda.syncthreads()
         if tid < num_heads:
             new_max = max(running[tid], stats[tid])
-            running[MAX_GROUP + tid] = running[MAX_GROUP + tid] * math.exp(running[tid] - new_max) + stats[MAX_GROUP + tid] * math.exp(
-                stats[tid] - new_max
-            )
+            running[MAX_GROUP + tid] = running[MAX_GROUP + tid] * math.exp(running[tid] - new_max) + stats[
+                MAX_GROUP + tid
+            ] * math.exp(stats[tid] - new_max)
             running[tid] = new_max
         cuda.syncthreads()
     for item in range(tid, num_heads * head_size, TILE):
@@ -472,7 +527,9 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     merge(device_array(out), partial_acc, partial_stats, arrays[-1], split_len)
 
 
-def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float) -> None:
+def paged_prefill_attention(
+    out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float
+) -> None:
     """Chunks of query tokens [T, heads, head_size]; token i of sequence b sits at position
     ``context_lens[b] - q_len_b + i`` and attends causally to every position up to its own."""
     num_tokens, num_heads, head_size = query.shape
@@ -482,4 +539,6 @@ def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_st
     launch = LaunchContext(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)
     arrays = [device_array(a) for a in (out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)]
     grid = (num_tokens, k_cache.shape[2] * blocks_per_kv_head)
-    configured(_prefill_kernel, grid, TILE, launch.stream)(*arrays, np.float32(scale), heads_per_block, blocks_per_kv_head)
+    configured(_prefill_kernel, grid, TILE, launch.stream)(
+        *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head
+    )

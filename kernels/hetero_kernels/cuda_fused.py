@@ -37,7 +37,10 @@ THREADS = 256  # threads per block (a power of two)
 def configure(*, threads: int) -> None:
     """The threads per block (the simulator tests use a few); only before the first launch."""
     global THREADS
-    if any(getattr(kernel, "overloads", None) for kernel in (_rms_norm_kernel, _add_rms_norm_kernel, _rotary_write_kernel, _swiglu_kernel)):
+    if any(
+        getattr(kernel, "overloads", None)
+        for kernel in (_rms_norm_kernel, _add_rms_norm_kernel, _rotary_write_kernel, _swiglu_kernel)
+    ):
         raise RuntimeError("hetero_kernels.cuda_fused.configure() must run before the first kernel launch")
     if threads < 1 or threads > 1024 or threads & (threads - 1):
         raise ValueError(f"threads must be a power of two up to 1024, got {threads}")
@@ -92,7 +95,9 @@ def _rotary_write_kernel(query, key, qkv, cos, sin, k_cache, v_cache, slots):
         start = head * head_size
         first, second = widen(qkv[t, start + d]), widen(qkv[t, start + half + d])
         low = rounded(query, rounded(query, first * widen(cos[t, d])) + rounded(query, -second * widen(sin[t, d])))
-        high = rounded(query, rounded(query, second * widen(cos[t, half + d])) + rounded(query, first * widen(sin[t, half + d])))
+        high = rounded(
+            query, rounded(query, second * widen(cos[t, half + d])) + rounded(query, first * widen(sin[t, half + d]))
+        )
         if head < num_heads:
             query[t, head, d] = narrow(query, low)
             query[t, head, half + d] = narrow(query, high)
@@ -155,4 +160,6 @@ def swiglu(gate_up, out) -> None:
     if rows == 0:
         return
     launch = LaunchContext(gate_up, out)
-    configured(_swiglu_kernel, (-(-size // THREADS), rows), THREADS, launch.stream)(device_array(gate_up), device_array(out))
+    configured(_swiglu_kernel, (-(-size // THREADS), rows), THREADS, launch.stream)(
+        device_array(gate_up), device_array(out)
+    )

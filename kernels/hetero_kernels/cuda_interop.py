@@ -51,7 +51,9 @@ class LaunchContext:
 
             device, current = self._torch_like.device, torch.cuda.current_device()
             if device.index != current:
-                raise ValueError(f"the tensors are on {device} but the current CUDA device is cuda:{current}; launch under torch.cuda.device({device})")
+                raise ValueError(
+                    f"the tensors are on {device} but the current CUDA device is cuda:{current}; launch under torch.cuda.device({device})"
+                )
             self.stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
         else:
             self.stream = 0
@@ -61,7 +63,9 @@ class LaunchContext:
         if self._torch_like is not None:
             import torch
 
-            return cuda.as_cuda_array(torch.empty(shape, dtype=torch.float32, device=self._torch_like.device), sync=False)
+            return cuda.as_cuda_array(
+                torch.empty(shape, dtype=torch.float32, device=self._torch_like.device), sync=False
+            )
         return cuda.device_array(shape, dtype=np.float32, stream=self.stream)
 
 
@@ -70,5 +74,7 @@ def configured(kernel, grid, block: int, stream):
     under-uses the GPU: small grids are these kernels' at small batches (a batch-1 decode of a short
     context is a few blocks; a norm is a block per token)."""
     with warnings.catch_warnings():  # numba wraps the message in terminal colour codes: match anywhere
-        warnings.filterwarnings("ignore", message=".*Grid size .* low occupancy")  # numba-cuda's own warning class, not numba's
+        warnings.filterwarnings(
+            "ignore", message=".*Grid size .* low occupancy"
+        )  # numba-cuda's own warning class, not numba's
         return kernel[grid, block, stream]

@@ -12,7 +12,6 @@ import os
 from llvmlite import binding, ir
 from numba import config
 
-
 PORTABLE_ENV = "HETERO_KERNELS_PORTABLE"
 """Set (to anything but empty or ``0``), every kernel that needs a CPU feature reports itself
 unsupported, so callers take the portable paths, as on a CPU without those features."""
@@ -67,4 +66,6 @@ DOT_BFLOAT16 = "llvm.x86.avx512bf16.dpbf16ps.512"  # FLOATS + the pairwise produ
 def dot_bfloat16(builder: ir.IRBuilder, total: ir.Value, first: ir.Value, second: ir.Value) -> ir.Value:
     """``vdpbf16ps``: ``total`` (FLOATS) plus, lane by lane, the two products of the bfloat16 pairs in
     ``first`` and ``second`` (BFLOAT16_PAIRS), in float32."""
-    return builder.call(declare(builder.module, DOT_BFLOAT16, FLOATS, [FLOATS, BFLOAT16_PAIRS, BFLOAT16_PAIRS]), [total, first, second])
+    return builder.call(
+        declare(builder.module, DOT_BFLOAT16, FLOATS, [FLOATS, BFLOAT16_PAIRS, BFLOAT16_PAIRS]), [total, first, second]
+    )

@@ -40,10 +40,14 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     """One query token per sequence [B, heads, head_size] over its ``context_lens[b]`` cached tokens."""
     for b in range(query.shape[0]):
         length = int(context_lens[b])
-        out[b] = attend(query[b], gather(k_cache, block_tables[b], length), gather(v_cache, block_tables[b], length), scale)
+        out[b] = attend(
+            query[b], gather(k_cache, block_tables[b], length), gather(v_cache, block_tables[b], length), scale
+        )
 
 
-def paged_prefill_attention(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float) -> None:
+def paged_prefill_attention(
+    out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale: float
+) -> None:
     """Chunks of query tokens [T, heads, head_size]; token i of sequence b sits at position
     ``context_lens[b] - q_len_b + i`` and attends causally to every position up to its own."""
     for b in range(len(query_start_loc) - 1):

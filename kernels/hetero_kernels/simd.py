@@ -91,10 +91,18 @@ def _load_halves(dtype: types.Type, element: ir.Type, align: int):
         _check("load_pair", array, dtype)
 
         def codegen(context, builder, signature, args):
-            both = builder.load(_pointer(context, builder, signature.args[0], args[0], args[1], element, PAIR), align=align)
+            both = builder.load(
+                _pointer(context, builder, signature.args[0], args[0], args[1], element, PAIR), align=align
+            )
             if element != _F32:  # float16 bits
-                both = builder.fpext(builder.bitcast(both, ir.VectorType(ir.HalfType(), PAIR)), ir.VectorType(_F32, PAIR))
-            return context.make_tuple(builder, _PAIR_TYPE, [_shuffle(builder, both, both, range(LANES)), _shuffle(builder, both, both, range(LANES, PAIR))])
+                both = builder.fpext(
+                    builder.bitcast(both, ir.VectorType(ir.HalfType(), PAIR)), ir.VectorType(_F32, PAIR)
+                )
+            return context.make_tuple(
+                builder,
+                _PAIR_TYPE,
+                [_shuffle(builder, both, both, range(LANES)), _shuffle(builder, both, both, range(LANES, PAIR))],
+            )
 
         return _PAIR_TYPE(array, types.intp), codegen
 
@@ -198,7 +206,9 @@ def fma(typingctx, a, b, c):
     """``a * b + c`` lane by lane, rounded once."""
 
     def codegen(context, builder, signature, args):
-        function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32")
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_VECTOR, [_VECTOR] * 3), "llvm.fma.v16f32"
+        )
         return builder.call(function, args)
 
     return float32x16(float32x16, float32x16, float32x16), codegen
@@ -206,7 +216,9 @@ def fma(typingctx, a, b, c):
 
 def _halve(builder, first, second, lanes, width: int) -> ir.Value:
     """``first`` and ``second`` shuffled by ``lanes``, plus shuffled by ``lanes`` each moved ``width`` on."""
-    return builder.fadd(_shuffle(builder, first, second, lanes), _shuffle(builder, first, second, [lane + width for lane in lanes]))
+    return builder.fadd(
+        _shuffle(builder, first, second, lanes), _shuffle(builder, first, second, [lane + width for lane in lanes])
+    )
 
 
 @intrinsic

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from numba import config
 
 from hetero_kernels import cuda_fused
@@ -71,7 +70,9 @@ def test_rotary_write(dtype: torch.dtype) -> None:
 
     qk = qkv[:, : (heads + kv_heads) * head_size].view(rows, -1, head_size)
     half = head_size // 2
-    rotated = qk * cos[:, None] + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin[:, None]  # LlamaModel.rotate
+    rotated = (
+        qk * cos[:, None] + torch.cat([-qk[..., half:], qk[..., :half]], dim=-1) * sin[:, None]
+    )  # LlamaModel.rotate
     expected_query, expected_key = rotated[:, :heads], rotated[:, heads:]
     value = qkv[:, (heads + kv_heads) * head_size :].view(rows, kv_heads, head_size)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()

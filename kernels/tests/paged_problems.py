@@ -50,7 +50,15 @@ class Problem:
     @property
     def prefill_args(self) -> tuple:
         p = self.prefill
-        return (p.query, self.k_cache, self.v_cache, self.block_tables, p.query_start_loc, self.context_lens, self.scale)
+        return (
+            p.query,
+            self.k_cache,
+            self.v_cache,
+            self.block_tables,
+            p.query_start_loc,
+            self.context_lens,
+            self.scale,
+        )
 
     def new_kv(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keys/values for up to 5 distinct slots, one of them skipped (slot -1), as a step writes them."""
@@ -96,7 +104,9 @@ def problems(
     needed = [math.ceil(n / block_size) for n in lengths]
     num_blocks = sum(needed) + 2  # two blocks no sequence owns
     physical = rng.permutation(num_blocks).astype(np.int32)
-    k_cache = np.full((num_blocks, block_size, kv_heads, head_size), GARBAGE, dtype=np.float32 if dtype == BFLOAT16 else dtype)
+    k_cache = np.full(
+        (num_blocks, block_size, kv_heads, head_size), GARBAGE, dtype=np.float32 if dtype == BFLOAT16 else dtype
+    )
     v_cache = np.full_like(k_cache, GARBAGE)
     tables = np.zeros((batch, max(needed)), dtype=np.int32)
     used = 0
@@ -110,8 +120,12 @@ def problems(
     if dtype == BFLOAT16:
         k_cache, v_cache = bfloat16_bits(k_cache), bfloat16_bits(v_cache)
     # a bfloat16 model's queries are bfloat16 numbers, which the kernels may multiply as they are
-    queries = _bfloat16_numbers if dtype == BFLOAT16 and draw(st.booleans()) else lambda values: values.astype(np.float32)
+    queries = (
+        _bfloat16_numbers if dtype == BFLOAT16 and draw(st.booleans()) else lambda values: values.astype(np.float32)
+    )
     query = queries(rng.standard_normal((batch, heads, head_size)))
     starts = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     prefill = Prefill(queries(rng.standard_normal((int(starts[-1]), heads, head_size))), starts)
-    return Problem(query, k_cache, v_cache, tables, np.array(lengths, dtype=np.int32), float(head_size**-0.5), prefill, seed)
+    return Problem(
+        query, k_cache, v_cache, tables, np.array(lengths, dtype=np.int32), float(head_size**-0.5), prefill, seed
+    )

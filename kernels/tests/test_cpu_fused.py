@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from paged_problems import BFLOAT16, Problem, problems
 
 from hetero_kernels import cpu_fused, reference
 from hetero_kernels.dtypes import bfloat16_bits, widen
-from paged_problems import BFLOAT16, Problem, problems
 
 EVEN_HEAD_SIZES = (2, 4, 8, 16, 64)  # rotate-half RoPE pairs the two halves of a head
 
@@ -34,7 +34,9 @@ def step_of(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nd
     last = problem.context_lens - 1
     angles = last[:, None] * (1e4 ** -(np.arange(head_size // 2) / (head_size // 2)))[None, :]
     angles = np.concatenate([angles, angles], axis=-1)
-    slots = (problem.block_tables[np.arange(batch), last // block_size] * block_size + last % block_size).astype(np.int64)
+    slots = (problem.block_tables[np.arange(batch), last // block_size] * block_size + last % block_size).astype(
+        np.int64
+    )
     return qkv, np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32), slots
 
 
@@ -47,7 +49,9 @@ def expected_step(problem: Problem, qkv, cos, sin, slots) -> tuple[np.ndarray, n
     k_cache, v_cache = widen(problem.k_cache), widen(problem.v_cache)
     reference.write_kv(key, parts[:, heads + kv_heads :], k_cache, v_cache, slots)
     out = np.zeros_like(query)
-    reference.paged_decode_attention(out, query, k_cache, v_cache, problem.block_tables, problem.context_lens, problem.scale)
+    reference.paged_decode_attention(
+        out, query, k_cache, v_cache, problem.block_tables, problem.context_lens, problem.scale
+    )
     return out, k_cache, v_cache
 
 
@@ -57,7 +61,19 @@ def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) 
     qkv, cos, sin, slots = step_of(problem)
     expected, k_expected, v_expected = expected_step(problem, qkv, cos, sin, slots)
     out = np.zeros(problem.query.shape, dtype=np.float32)
-    cpu_fused.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
+    cpu_fused.rotary_decode_attention(
+        out,
+        qkv,
+        cos,
+        sin,
+        problem.k_cache,
+        problem.v_cache,
+        slots,
+        problem.block_tables,
+        problem.context_lens,
+        problem.query.shape[1],
+        problem.scale,
+    )
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(problem.k_cache, k_expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(problem.v_cache, v_expected)
@@ -71,7 +87,19 @@ def test_rotary_decode_attention_in_bfloat16(problem: Problem) -> None:
     qkv, cos, sin = bfloat16_bits(qkv), bfloat16_bits(cos), bfloat16_bits(sin)
     expected, k_expected, v_expected = expected_step(problem, widen(qkv), widen(cos), widen(sin), slots)
     out = np.zeros(problem.query.shape, dtype=np.uint16)
-    cpu_fused.rotary_decode_attention(out, qkv, cos, sin, problem.k_cache, problem.v_cache, slots, problem.block_tables, problem.context_lens, problem.query.shape[1], problem.scale)
+    cpu_fused.rotary_decode_attention(
+        out,
+        qkv,
+        cos,
+        sin,
+        problem.k_cache,
+        problem.v_cache,
+        slots,
+        problem.block_tables,
+        problem.context_lens,
+        problem.query.shape[1],
+        problem.scale,
+    )
     # RoPE rounds three times to bfloat16 (2**-8 relative each), attention once more
     np.testing.assert_allclose(widen(problem.k_cache), k_expected, atol=1e-2, rtol=2e-2)
     np.testing.assert_allclose(widen(out), expected, atol=5e-2, rtol=5e-2)
@@ -101,7 +129,9 @@ def test_rms_norm_matches_reference(rows: int, size: int, seed: int, bfloat16: b
 def test_swiglu_matches_reference(rows: int, size: int, seed: int, bfloat16: bool) -> None:
     """Gates far out on both sides too: SiLU is about 0 below -20 and the identity above 20."""
     rng = np.random.default_rng(seed)
-    gate_up = rng.standard_normal((rows, 2 * size)).astype(np.float32) * rng.choice([1, 10, 100], (rows, 2 * size)).astype(np.float32)
+    gate_up = rng.standard_normal((rows, 2 * size)).astype(np.float32) * rng.choice(
+        [1, 10, 100], (rows, 2 * size)
+    ).astype(np.float32)
     gate_up_in = bfloat16_bits(gate_up) if bfloat16 else gate_up
     gate, up = np.split(widen(gate_up_in), 2, axis=-1)
     expected = gate / (1 + np.exp(-gate)) * up
@@ -121,7 +151,10 @@ def test_rotary_write_matches_reference(problem: Problem) -> None:
     rng = np.random.default_rng(problem.seed + 3)
     qkv = rng.standard_normal((len(slots), (heads + 2 * kv_heads) * head_size)).astype(np.float32)
     angles = rng.uniform(0, 100, (len(slots), head_size // 2))
-    cos, sin = np.cos(np.concatenate([angles, angles], -1)).astype(np.float32), np.sin(np.concatenate([angles, angles], -1)).astype(np.float32)
+    cos, sin = (
+        np.cos(np.concatenate([angles, angles], -1)).astype(np.float32),
+        np.sin(np.concatenate([angles, angles], -1)).astype(np.float32),
+    )
     bf16 = problem.k_cache.dtype == np.uint16
     if bf16:
         qkv, cos, sin = bfloat16_bits(qkv), bfloat16_bits(cos), bfloat16_bits(sin)

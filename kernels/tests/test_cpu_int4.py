@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 from hetero_kernels import cpu_int4
 from hetero_kernels.dtypes import bfloat16_bits, widen
 
-pytestmark = pytest.mark.skipif(not cpu_int4.SUPPORTED, reason="this CPU has no AVX-512 VNNI, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths")
+pytestmark = pytest.mark.skipif(
+    not cpu_int4.SUPPORTED,
+    reason="this CPU has no AVX-512 VNNI, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths",
+)
 GROUP = cpu_int4.GROUP_SIZE
 
 
@@ -45,7 +48,9 @@ def bound(x: np.ndarray, weights: np.ndarray, limit: int = 32767) -> np.ndarray:
     float16_factors=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_float32_activations_within_their_quantization_bound(tokens: int, rows: int, pairs: int, magnitude: float, float16_factors: bool, seed: int) -> None:
+def test_float32_activations_within_their_quantization_bound(
+    tokens: int, rows: int, pairs: int, magnitude: float, float16_factors: bool, seed: int
+) -> None:
     rng = np.random.default_rng(seed)
     size = pairs * cpu_int4.PAIR
     q, scale, minimum = weights_of(rng, rows, size)
@@ -72,7 +77,9 @@ def test_float32_activations_within_their_quantization_bound(tokens: int, rows: 
     with_offset=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_8_bit_weights_within_the_same_bound(tokens: int, rows: int, pairs: int, magnitude: float, group: int, with_offset: bool, seed: int) -> None:
+def test_8_bit_weights_within_the_same_bound(
+    tokens: int, rows: int, pairs: int, magnitude: float, group: int, with_offset: bool, seed: int
+) -> None:
     """GGUF's Q8_0 (``scale * q``, ``q`` in -128..127, float16 scales) in one call, the activations'
     largest magnitude at 32639 (their low byte is signed here); and with an offset per group, in
     groups of 32 (Q5_1's) or 16 (Q6_K's and Q2_K's)."""
@@ -91,7 +98,9 @@ def test_8_bit_weights_within_the_same_bound(tokens: int, rows: int, pairs: int,
     x[-1, -1] *= 1e4
     out = np.empty((tokens, rows), np.float32)
     cpu_int4.matmul8(x, weights, factors, out)
-    dense_weights = (q.reshape(rows, -1, group) * scale[..., None].astype(np.float64) + offset[..., None]).reshape(rows, size)
+    dense_weights = (q.reshape(rows, -1, group) * scale[..., None].astype(np.float64) + offset[..., None]).reshape(
+        rows, size
+    )
     assert np.all(np.abs(out - x.astype(np.float64) @ dense_weights.T) <= bound(x, dense_weights, 32639))
 
 

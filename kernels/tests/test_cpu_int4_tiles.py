@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 from hetero_kernels import cpu_int4_tiles as tiles
 from hetero_kernels.dtypes import bfloat16_bits, widen
 
-pytestmark = pytest.mark.skipif(not tiles.SUPPORTED, reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths")
+pytestmark = pytest.mark.skipif(
+    not tiles.SUPPORTED,
+    reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths",
+)
 GROUP, OUTPUTS = tiles.GROUP_SIZE, tiles.OUTPUTS
 
 
@@ -25,7 +28,9 @@ def weights_of(rng: np.random.Generator, outputs: int, size: int) -> tuple[np.nd
 def exact(x_bits: np.ndarray, q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The product in float64, and how far float32 sums of ``(128 + q) * x`` may stray from it."""
     outputs, size = q.shape
-    weights = (q.reshape(outputs, -1, GROUP) * scale[..., None].astype(np.float64) + minimum[..., None]).reshape(outputs, size)
+    weights = (q.reshape(outputs, -1, GROUP) * scale[..., None].astype(np.float64) + minimum[..., None]).reshape(
+        outputs, size
+    )
     offset_weights = np.repeat(128 * scale + np.abs(minimum), GROUP, axis=1) + np.abs(weights)
     x = widen(x_bits)
     return x @ weights.T, 1e-5 * (np.abs(x) @ offset_weights.T) + 1e-30
@@ -39,7 +44,9 @@ def exact(x_bits: np.ndarray, q: np.ndarray, scale: np.ndarray, minimum: np.ndar
     magnitude=st.sampled_from([1e-3, 1.0, 300.0]),
     seed=st.integers(0, 2**16),
 )
-def test_float32_results_within_float32_rounding(tokens: int, tiles_of_outputs: int, groups: int, magnitude: float, seed: int) -> None:
+def test_float32_results_within_float32_rounding(
+    tokens: int, tiles_of_outputs: int, groups: int, magnitude: float, seed: int
+) -> None:
     """Every row count: whole tiles of rows, a short last tile, a long one padded."""
     rng = np.random.default_rng(seed)
     q, scale, minimum = weights_of(rng, tiles_of_outputs * OUTPUTS, groups * GROUP)
@@ -84,4 +91,6 @@ def test_packing_needs_whole_tiles_of_outputs_and_groups() -> None:
 def test_activations_other_than_bfloat16_bits_are_refused_when_compiled() -> None:
     q, scale, minimum = weights_of(np.random.default_rng(2), OUTPUTS, GROUP)
     with pytest.raises(Exception, match="x must be a contiguous 2-D array of uint16"):
-        tiles.matmul(np.ones((1, GROUP), np.float32), *tiles.pack(q, scale, minimum), np.empty((1, OUTPUTS), np.float32))
+        tiles.matmul(
+            np.ones((1, GROUP), np.float32), *tiles.pack(q, scale, minimum), np.empty((1, OUTPUTS), np.float32)
+        )

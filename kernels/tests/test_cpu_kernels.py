@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from numba import njit
+from paged_problems import BFLOAT16, Problem, problems
 
 from hetero_kernels import cpu, reference
-from paged_problems import BFLOAT16, Problem, problems
 
 ATOL, RTOL = 1e-5, 1e-4
 CACHE_DTYPES = (np.float32, np.float16, BFLOAT16)

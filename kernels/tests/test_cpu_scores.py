@@ -12,7 +12,10 @@ from numba.core.errors import TypingError
 from hetero_kernels import cpu_scores
 from hetero_kernels.dtypes import bfloat16_bits, widen
 
-pytestmark = pytest.mark.skipif(not cpu_scores.SUPPORTED, reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths")
+pytestmark = pytest.mark.skipif(
+    not cpu_scores.SUPPORTED,
+    reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths",
+)
 POSITIONS = cpu_scores.POSITIONS
 
 
@@ -20,7 +23,9 @@ POSITIONS = cpu_scores.POSITIONS
 def _all_blocks(scores, q_pairs, keys, rows, first_kv_head, per_kv_head, scale):
     for first in range(0, rows.shape[0], POSITIONS):
         for kv_head in range(q_pairs.shape[0] // per_kv_head):
-            cpu_scores.block(scores, q_pairs, keys, rows, first, first_kv_head + kv_head, kv_head * per_kv_head, per_kv_head, scale)
+            cpu_scores.block(
+                scores, q_pairs, keys, rows, first, first_kv_head + kv_head, kv_head * per_kv_head, per_kv_head, scale
+            )
 
 
 def _bfloat16_numbers(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -67,7 +72,9 @@ def test_pairs_only_of_bfloat16_numbers_and_whole_words() -> None:
     rng = np.random.default_rng(0)
     q = _bfloat16_numbers(rng, (3, 64))
     pairs = cpu_scores.bfloat16_pairs(q)
-    assert (pairs & 0xFFFF == q.view(np.uint32)[:, 0::2] >> 16).all() and (pairs >> 16 == q.view(np.uint32)[:, 1::2] >> 16).all()
+    assert (pairs & 0xFFFF == q.view(np.uint32)[:, 0::2] >> 16).all() and (
+        pairs >> 16 == q.view(np.uint32)[:, 1::2] >> 16
+    ).all()
     q[2, 17] = np.nextafter(q[2, 17], np.float32(np.inf))
     assert cpu_scores.bfloat16_pairs(q).shape[0] == 0
     assert cpu_scores.bfloat16_pairs(_bfloat16_numbers(rng, (3, 40))).shape[0] == 0
@@ -76,4 +83,6 @@ def test_pairs_only_of_bfloat16_numbers_and_whole_words() -> None:
 def test_a_float32_cache_is_refused_when_compiled() -> None:
     keys = np.zeros((16, 64), dtype=np.float32)
     with pytest.raises(TypingError, match="keys must be a contiguous 2-D array of uint16"):
-        _all_blocks(np.zeros((1, 16), np.float32), np.zeros((1, 32), np.uint32), keys, np.arange(16), 0, 1, np.float32(1.0))
+        _all_blocks(
+            np.zeros((1, 16), np.float32), np.zeros((1, 32), np.uint32), keys, np.arange(16), 0, 1, np.float32(1.0)
+        )

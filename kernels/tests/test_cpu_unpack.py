@@ -49,8 +49,16 @@ def test_4_bit_rows_widen_to_each_weights_value(rows: int, pairs: int, exact_hal
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.integers(1, 9), pairs=st.integers(1, 4), with_offset=st.booleans(), fine=st.booleans(), seed=st.integers(0, 2**16))
-def test_8_bit_rows_widen_to_each_weights_value(rows: int, pairs: int, with_offset: bool, fine: bool, seed: int) -> None:
+@given(
+    rows=st.integers(1, 9),
+    pairs=st.integers(1, 4),
+    with_offset=st.booleans(),
+    fine=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_8_bit_rows_widen_to_each_weights_value(
+    rows: int, pairs: int, with_offset: bool, fine: bool, seed: int
+) -> None:
     """In groups of 32, or of 16 (``pack8``'s finer factors)."""
     rng = np.random.default_rng(seed)
     size, group = pairs * 2 * GROUP, GROUP // 2 if fine else GROUP
@@ -75,4 +83,9 @@ def test_8_bit_rows_widen_to_each_weights_value(rows: int, pairs: int, with_offs
 def test_no_rows_asked_writes_nothing(unpack) -> None:
     packed, factors = cpu_int4.pack8(np.zeros((2, 64), np.int8), np.ones((2, 2), np.float32))
     out = np.empty((0, 64), np.float32)
-    unpack(packed if unpack is cpu_unpack.unpack8 else packed[:, :32].view(np.uint8).copy(), factors, np.zeros(0, np.int64), out)
+    unpack(
+        packed if unpack is cpu_unpack.unpack8 else packed[:, :32].view(np.uint8).copy(),
+        factors,
+        np.zeros(0, np.int64),
+        out,
+    )

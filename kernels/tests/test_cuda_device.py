@@ -13,7 +13,9 @@ import pytest
 TESTS = Path(__file__).parent
 
 
-@pytest.mark.skipif(shutil.which("nvidia-smi") is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="no CUDA GPU")
+@pytest.mark.skipif(
+    shutil.which("nvidia-smi") is None or os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", reason="no CUDA GPU"
+)
 @pytest.mark.parametrize("path", ["cuda_device/device_kernels.py", "cuda_fused_cases.py"])
 def test_cuda_kernels_on_the_gpu(path: str) -> None:
     command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(TESTS / path)]

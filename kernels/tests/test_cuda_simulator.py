@@ -21,6 +21,8 @@ TESTS = Path(__file__).parent
 def test_cuda_kernels_on_the_simulator(path: str, count: int) -> None:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(TESTS / path)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2])
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[2]
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert f"{count} passed" in result.stdout, result.stdout[-2000:]

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
+from paged_problems import Problem, problems
 
 from hetero_kernels import reference
-from paged_problems import Problem, problems
 
 
 def dense_attention(query, keys, values, scale, first_position):
@@ -42,7 +42,9 @@ def test_reference_prefill_equals_dense_attention(problem: Problem) -> None:
         keys = contiguous(problem.k_cache, problem.block_tables[b], length)
         values = contiguous(problem.v_cache, problem.block_tables[b], length)
         first_position = length - (rows.stop - rows.start)
-        np.testing.assert_allclose(out[rows], dense_attention(prefill.query[rows], keys, values, problem.scale, first_position), atol=1e-10)
+        np.testing.assert_allclose(
+            out[rows], dense_attention(prefill.query[rows], keys, values, problem.scale, first_position), atol=1e-10
+        )
 
 
 @settings(max_examples=40, deadline=None)

@@ -58,7 +58,12 @@ def _dot(a, b):
 @njit(cache=False)
 def _four_totals(rows):
     out = np.zeros(6, dtype=np.float32)
-    a, b, c, d = simd.load_pair(rows[0], 0)[0], simd.load_pair(rows[1], 0)[0], simd.load_pair(rows[2], 0)[0], simd.load_pair(rows[3], 0)[0]
+    a, b, c, d = (
+        simd.load_pair(rows[0], 0)[0],
+        simd.load_pair(rows[1], 0)[0],
+        simd.load_pair(rows[2], 0)[0],
+        simd.load_pair(rows[3], 0)[0],
+    )
     simd.store_totals(out, 1, a, b, c, d)
     return out, np.array([simd.total(a), simd.total(b), simd.total(c), simd.total(d)], dtype=np.float32)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hetero_core.builtin import SimpleTokenizer
 from hetero_core.errors import ValidationError
@@ -25,7 +26,9 @@ def test_round_trip(text: str) -> None:
     assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
-@given(text_without_replacement_character, st.lists(st.integers(1, 5), min_size=1))  # so a U+FFFD can only come from a split
+@given(
+    text_without_replacement_character, st.lists(st.integers(1, 5), min_size=1)
+)  # so a U+FFFD can only come from a split
 def test_streaming_in_chunks_concatenates_to_the_text(text: str, chunk_sizes: list[int]) -> None:
     tokenizer = SimpleTokenizer()
     ids = tokenizer.encode(text)

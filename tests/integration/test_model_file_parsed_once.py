@@ -19,7 +19,9 @@ def test_the_tokenizer_and_the_executor_share_one_parse(monkeypatch) -> None:
 
     for module in ("hetero_executor_torch.loading", "hetero_tokenizer_hf.gguf_vocab"):
         monkeypatch.setattr(f"{module}.read_gguf_header", counting_reader)
-    engine = InferenceEngine(EngineConfig(tokenizer={"name": "huggingface"}, executor={"name": "torch", "num_threads": 2}, max_model_len=256))
+    engine = InferenceEngine(
+        EngineConfig(tokenizer={"name": "huggingface"}, executor={"name": "torch", "num_threads": 2}, max_model_len=256)
+    )
     try:
         assert len(opened) == 1
         assert engine.tokenizer.decode(engine.tokenizer.encode("Paris")) == "Paris"

@@ -71,7 +71,12 @@ def model_engine() -> InferenceEngine:
 
 
 def record() -> dict[str, Any]:
-    mock = {f"{config}/{prompt}/{n}": mock_samples(config, prompt, n) for config in MOCK_CONFIGS for prompt in MOCK_PROMPTS for n in SAMPLES}
+    mock = {
+        f"{config}/{prompt}/{n}": mock_samples(config, prompt, n)
+        for config in MOCK_CONFIGS
+        for prompt in MOCK_PROMPTS
+        for n in SAMPLES
+    }
     engine = model_engine()
     try:
         model = {str(n): model_samples(engine, n) for n in SAMPLES}
@@ -123,7 +128,9 @@ def computed_prompt_positions(engine: InferenceEngine) -> list[int]:
 @pytest.mark.parametrize("caching", [True, False], ids=["prefix-caching", "no-prefix-caching"])
 @pytest.mark.parametrize("length", sorted(FORKED_PEAK_BLOCKS))
 @pytest.mark.parametrize("n", [2, 8])
-def test_the_prompt_full_blocks_are_computed_once_and_the_blocks_stay_as_few(caching: bool, length: int, n: int) -> None:
+def test_the_prompt_full_blocks_are_computed_once_and_the_blocks_stay_as_few(
+    caching: bool, length: int, n: int
+) -> None:
     engine = mock_engine(cache_allocator={"name": "paged", "enable_prefix_caching": caching})
     positions = computed_prompt_positions(engine)
     engine.submit_request("y" * length, GenerationParams(temperature=1.0, max_tokens=10, n=n, seed=7))
@@ -143,7 +150,9 @@ def test_every_sample_streams_and_completes_with_its_index() -> None:
     engine = mock_engine(cache_allocator={"name": "paged", "enable_prefix_caching": False})
     params = GenerationParams(temperature=1.0, max_tokens=6, n=5, seed=3)
     deltas = list(engine.stream("stream these samples", params))
-    record = mock_engine(cache_allocator={"name": "paged", "enable_prefix_caching": False}).generate(["stream these samples"], params)[0]
+    record = mock_engine(cache_allocator={"name": "paged", "enable_prefix_caching": False}).generate(
+        ["stream these samples"], params
+    )[0]
     assert [o.index for o in record.outputs] == list(range(5))
     for output in record.outputs:
         mine = [d for d in deltas if d.index == output.index]
@@ -158,7 +167,9 @@ def test_aborting_a_request_aborts_every_sample_and_frees_every_block(steps_befo
     """Before the first sample computed the prompt, while the others are held, once they share it, while decoding."""
     engine = mock_engine(max_total_tokens=8, cache_allocator={"name": "paged", "enable_prefix_caching": False})
     deltas: list = []
-    request_id = engine.submit_request("abort all of these samples", GenerationParams(n=4, max_tokens=20), on_output=deltas.append)
+    request_id = engine.submit_request(
+        "abort all of these samples", GenerationParams(n=4, max_tokens=20), on_output=deltas.append
+    )
     for _ in range(steps_before):
         engine.step()
     assert engine.abort_request(request_id)

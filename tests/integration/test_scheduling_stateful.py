@@ -24,7 +24,6 @@ from hetero_core.sequence_view import SequenceView
 
 from .conftest import plugin_config
 
-
 LPM_MAX_OVERTAKES = 2
 
 
@@ -41,7 +40,16 @@ class EngineWorkload(RuleBasedStateMachine):
         eos=st.sampled_from([0.0, 0.1]),
     )
     def build(
-        self, policy, num_blocks, block_size, max_batch_size, max_total_tokens, max_num_seqs, threshold, prefix_caching, eos
+        self,
+        policy,
+        num_blocks,
+        block_size,
+        max_batch_size,
+        max_total_tokens,
+        max_num_seqs,
+        threshold,
+        prefix_caching,
+        eos,
     ) -> None:
         self.engine = InferenceEngine(
             plugin_config(
@@ -94,7 +102,9 @@ class EngineWorkload(RuleBasedStateMachine):
         # lpm: any order, but a bounded number of later arrivals go first
         for waiting in still_waiting:
             passed = self.overtaken_by.setdefault(waiting.request.request_id, set())
-            passed.update(s.request.request_id for s in newly if s.request.arrival_index > waiting.request.arrival_index)
+            passed.update(
+                s.request.request_id for s in newly if s.request.arrival_index > waiting.request.arrival_index
+            )
             assert len(passed) <= LPM_MAX_OVERTAKES, f"{waiting.request.request_id} passed over by {sorted(passed)}"
 
     @rule(
@@ -110,10 +120,19 @@ class EngineWorkload(RuleBasedStateMachine):
         length = min(length, self.capacity - max_tokens)
         if length < 1 or n > self.engine.config.max_num_seqs:
             return
-        prompt = [7] * length if shared_prefix else data.draw(st.lists(st.integers(0, 255), min_size=length, max_size=length))
+        prompt = (
+            [7] * length
+            if shared_prefix
+            else data.draw(st.lists(st.integers(0, 255), min_size=length, max_size=length))
+        )
         prompt_logprobs = 1 if scored or max_tokens == 0 else None  # max_tokens 0 only scores the prompt
         params = GenerationParams(
-            temperature=1.0, seed=len(self.submitted), max_tokens=max_tokens, priority=priority, n=n, prompt_logprobs=prompt_logprobs
+            temperature=1.0,
+            seed=len(self.submitted),
+            max_tokens=max_tokens,
+            priority=priority,
+            n=n,
+            prompt_logprobs=prompt_logprobs,
         )
         request_id = self.engine.submit_request(prompt, params, request_id=f"r{len(self.submitted)}")
         self.submitted[request_id] = params
@@ -181,7 +200,9 @@ TestEngineWorkload = EngineWorkload.TestCase
 
 
 def run_workload(num_blocks: int) -> tuple[dict[str, list[list[int]]], int]:
-    engine = InferenceEngine(plugin_config(max_num_blocks=num_blocks, block_size=2, max_model_len=60, max_total_tokens=16))
+    engine = InferenceEngine(
+        plugin_config(max_num_blocks=num_blocks, block_size=2, max_model_len=60, max_total_tokens=16)
+    )
     prompts = [[(i * 7 + j) % 250 for j in range(3 + (i * 5) % 17)] for i in range(24)]
     ids = {}
     for i, prompt in enumerate(prompts):

@@ -10,7 +10,8 @@ import json
 import re
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hetero_core.builtin.mock_executor import MockExecutor
 from hetero_core.errors import ConfigError, ExecutionError, ValidationError
@@ -24,7 +25,11 @@ from ..test_engine_faults import engine_with
 
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 6}, "level": {"enum": ["low", "high"]}, "n": {"type": "integer"}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "level": {"enum": ["low", "high"]},
+        "n": {"type": "integer"},
+    },
     "required": ["name", "level", "n"],
     "additionalProperties": False,
 }
@@ -50,7 +55,10 @@ CONSTRAINTS = [
     (StructuredOutput.json_schema(SCHEMA), check_schema),
     (StructuredOutput.regex(PATTERN), lambda text: re.fullmatch(PATTERN, text) or pytest.fail(text)),
     (StructuredOutput.choice(CHOICES), lambda text: text in CHOICES or pytest.fail(text)),
-    (StructuredOutput.grammar(f'start: "#" /{PATTERN}/'), lambda text: re.fullmatch("#" + PATTERN, text) or pytest.fail(text)),
+    (
+        StructuredOutput.grammar(f'start: "#" /{PATTERN}/'),
+        lambda text: re.fullmatch("#" + PATTERN, text) or pytest.fail(text),
+    ),
     (StructuredOutput.tool_calls({"describe": SCHEMA}), check_tool_call),
 ]
 
@@ -68,7 +76,9 @@ def engine():
     engine.close()
 
 
-@pytest.mark.parametrize(("constraint", "check"), CONSTRAINTS, ids=["schema", "regex", "choice", "grammar", "tool_call"])
+@pytest.mark.parametrize(
+    ("constraint", "check"), CONSTRAINTS, ids=["schema", "regex", "choice", "grammar", "tool_call"]
+)
 def test_every_sample_satisfies_its_constraint(engine, constraint, check) -> None:
     params = GenerationParams(max_tokens=400, temperature=1.0, n=4, seed=3, structured_output=constraint)
     (record,) = engine.generate(["describe it"], params)
@@ -130,8 +140,13 @@ def test_a_constraint_that_does_not_compile_is_rejected_at_submission(engine) ->
 
 
 def test_a_grammar_in_a_dialect_the_backend_does_not_read_is_refused_by_name(engine) -> None:
-    with pytest.raises(ValidationError, match="backend 'llguidance' does not read grammars in the 'ebnf' dialect .it reads: 'lark', 'gbnf'") as info:
-        engine.submit_request("x", GenerationParams(structured_output=StructuredOutput.grammar('root ::= "x"', dialect="ebnf")))
+    with pytest.raises(
+        ValidationError,
+        match="backend 'llguidance' does not read grammars in the 'ebnf' dialect .it reads: 'lark', 'gbnf'",
+    ) as info:
+        engine.submit_request(
+            "x", GenerationParams(structured_output=StructuredOutput.grammar('root ::= "x"', dialect="ebnf"))
+        )
     assert info.value.param == "structured_output"
     assert not engine.has_pending_work()
 
@@ -173,9 +188,13 @@ def test_an_executor_that_ignores_the_mask_fails_that_request_alone() -> None:
 
     from hetero_structured_llguidance import plugin as llguidance
 
-    engine = engine_with((Unconstrained(), "unconstrained"), (llguidance, "structured-llguidance"), executor="ignores-masks")
+    engine = engine_with(
+        (Unconstrained(), "unconstrained"), (llguidance, "structured-llguidance"), executor="ignores-masks"
+    )
     try:
-        bad = engine.submit_request("x", GenerationParams(max_tokens=20, structured_output=StructuredOutput.choice(["yes"])))
+        bad = engine.submit_request(
+            "x", GenerationParams(max_tokens=20, structured_output=StructuredOutput.choice(["yes"]))
+        )
         good = engine.submit_request("y", GenerationParams(max_tokens=20))
         records = {r.request_id: r for r in engine.run()}
         assert "which the request's structured output does not allow" in records[bad].error
@@ -276,6 +295,7 @@ def run_batched(grammars: BatchedGrammars) -> tuple[dict, list[str], str, str]:
     """Three good constrained requests, one whose matcher fails, one unconstrained; all in every step's batch."""
     engine = engine_with((grammars, "batched-grammars"), structured_output="batched")
     try:
+
         def params(pattern: str | None) -> GenerationParams:
             constraint = None if pattern is None else StructuredOutput.regex(pattern)
             return GenerationParams(max_tokens=8, ignore_eos=True, structured_output=constraint)
@@ -296,7 +316,9 @@ def test_a_step_fills_its_masks_in_one_call_and_a_failing_matcher_fails_alone() 
     assert "structured-output plugin 'batched-grammars' could not compute the allowed tokens" in records[bad].error
     for request_id in [*good, free]:
         assert records[request_id].error is None and len(records[request_id].generated_tokens) == 8
-    assert grammars.batch_sizes == [4, 4, 4] + [3] * 5  # one call a step for every constrained sample; then without the failed one
+    assert (
+        grammars.batch_sizes == [4, 4, 4] + [3] * 5
+    )  # one call a step for every constrained sample; then without the failed one
     assert grammars.num_single_fills == 0
 
 

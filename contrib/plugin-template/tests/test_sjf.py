@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hetero_core import EngineConfig, GenerationParams
-from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
+from hetero_core.errors import ConfigError
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.testing import SchedulerPolicyContract
 from hetero_core.testing.scheduler_policy import make_view

@@ -13,15 +13,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from numba import cuda
+from paged_problems import BFLOAT16, Problem, problems
 
 from hetero_kernels import cuda as kernels
 from hetero_kernels import reference
 from hetero_kernels.dtypes import widen
-from paged_problems import BFLOAT16, Problem, problems
 
 ATOL, RTOL = 5e-5, 5e-4
 gpu_problems = problems(
-    max_batch=4, max_group=8, max_kv_heads=3, head_sizes=(8, 64, 80, 128), block_sizes=(1, 16, 32), max_len=1200, cache_dtypes=(np.float32, np.float16, BFLOAT16)
+    max_batch=4,
+    max_group=8,
+    max_kv_heads=3,
+    head_sizes=(8, 64, 80, 128),
+    block_sizes=(1, 16, 32),
+    max_len=1200,
+    cache_dtypes=(np.float32, np.float16, BFLOAT16),
 )
 
 
@@ -63,7 +69,9 @@ def test_torch_tensors_on_the_current_stream(problem: Problem) -> None:
         out = torch.empty(problem.query.shape, dtype=torch.float32, device="cuda")
         kernels.paged_decode_attention(out, *args)
         key, value, slots = problem.new_kv()
-        kernels.write_kv(*(torch.from_numpy(a).cuda() for a in (key, value)), args[1], args[2], torch.from_numpy(slots).cuda())
+        kernels.write_kv(
+            *(torch.from_numpy(a).cuda() for a in (key, value)), args[1], args[2], torch.from_numpy(slots).cuda()
+        )
     stream.synchronize()
     expected = np.zeros_like(problem.query)
     reference.paged_decode_attention(expected, *problem.decode_args)
@@ -89,5 +97,13 @@ def test_torch_bfloat16_tensors_in_and_out(problem: Problem) -> None:
     kernels.paged_decode_attention(out, query, k_cache, v_cache, tables, lens, problem.scale)
     as_numpy = lambda t: t.float().cpu().numpy()  # noqa: E731
     expected = np.zeros_like(problem.query)
-    reference.paged_decode_attention(expected, as_numpy(query), as_numpy(k_cache), as_numpy(v_cache), problem.block_tables, problem.context_lens, problem.scale)
+    reference.paged_decode_attention(
+        expected,
+        as_numpy(query),
+        as_numpy(k_cache),
+        as_numpy(v_cache),
+        problem.block_tables,
+        problem.context_lens,
+        problem.scale,
+    )
     np.testing.assert_allclose(as_numpy(out), widen(expected.astype(np.float32)), atol=ATOL, rtol=1e-2)

@@ -26,18 +26,24 @@ from hypothesis import strategies as st
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 from numba import config, cuda  # noqa: E402
+from paged_problems import BFLOAT16, Problem, problems  # noqa: E402
 
 from hetero_kernels import cuda as kernels  # noqa: E402
 from hetero_kernels import reference  # noqa: E402
 from hetero_kernels.cuda_interop import configured  # noqa: E402
 from hetero_kernels.dtypes import bfloat16_bits, widen  # noqa: E402
-from paged_problems import BFLOAT16, Problem, problems  # noqa: E402
 
 kernels.configure(tile=8, tokens_per_split=16, min_tokens_per_split=4, lanes_per_key=2, row_lanes=4, max_group=2)
 
 ATOL, RTOL = 1e-5, 1e-4
 tiny_problems = problems(
-    max_batch=2, max_group=3, max_kv_heads=2, head_sizes=(1, 4, 6), block_sizes=(1, 3, 4), max_len=20, cache_dtypes=(np.float32, np.float16, BFLOAT16)
+    max_batch=2,
+    max_group=3,
+    max_kv_heads=2,
+    head_sizes=(1, 4, 6),
+    block_sizes=(1, 3, 4),
+    max_len=20,
+    cache_dtypes=(np.float32, np.float16, BFLOAT16),
 )
 
 
@@ -56,7 +62,7 @@ def test_launches_do_not_warn_of_small_grids() -> None:
     class Kernel:
         def __getitem__(self, launch):
             message = f"Grid size {launch[0]} will likely result in GPU under-utilization due to low occupancy."
-            warnings.warn(NumbaPerformanceWarning(message))
+            warnings.warn(NumbaPerformanceWarning(message), stacklevel=2)
             return launch
 
     with warnings.catch_warnings():

@@ -14,7 +14,8 @@ resumes where it stopped.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence as SequenceOf
+from typing import Iterator
+from typing import Sequence as SequenceOf
 
 import attrs
 
@@ -111,7 +112,9 @@ class PagedAllocator:
         self._check_counts(seq_id, blocks, num_computed_tokens, num_new_tokens)
         return self._num_blocks_needed(blocks.table, num_computed_tokens, num_new_tokens) <= self._pool.num_available
 
-    def append_slots(self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int) -> None:
+    def append_slots(
+        self, seq_id: int, token_ids: SequenceOf[int], num_computed_tokens: int, num_new_tokens: int
+    ) -> None:
         blocks = self._blocks(seq_id)
         self._check_counts(seq_id, blocks, num_computed_tokens, num_new_tokens)
         end = num_computed_tokens + num_new_tokens

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hetero_cache_paged.allocator as allocator_module
 from hetero_cache_paged import PagedAllocator
@@ -157,7 +158,9 @@ def test_a_shared_block_is_never_written() -> None:
     allocator.allocate(0, tokens)
     allocator.append_slots(0, tokens, 0, 8)
     allocator.allocate(1, tokens, sibling_of=0)
-    with pytest.raises(SchedulerError, match="sequence 1 would write position 6 into block .*, which 2 sequences share"):
+    with pytest.raises(
+        SchedulerError, match="sequence 1 would write position 6 into block .*, which 2 sequences share"
+    ):
         allocator.append_slots(1, tokens, 6, 3)
 
 
@@ -184,7 +187,9 @@ def test_misuse_names_the_sequence() -> None:
         allocator.allocate(0, [1])
     with pytest.raises(SchedulerError, match="sequence 5 has no"):
         allocator.allocate(6, [1, 2, 3], sibling_of=5)
-    with pytest.raises(SchedulerError, match="sequence 0 holds 0 blocks, fewer than the 1 full prompt blocks sequence 7"):
+    with pytest.raises(
+        SchedulerError, match="sequence 0 holds 0 blocks, fewer than the 1 full prompt blocks sequence 7"
+    ):
         allocator.allocate(7, [1, 2, 3], sibling_of=0)
     with pytest.raises(SchedulerError, match="num_computed_tokens=2"):
         allocator.can_append(0, 2, 1)  # nothing of sequence 0 is in the cache yet

@@ -28,10 +28,15 @@ class NumbaCudaExecutorOptions(TorchExecutorOptions):
     attention: str = NAME
 
 
-def numba_cuda_executor(config: Any, dtype: str = "auto", device: str = "auto", attention: str = NAME, **options: Any) -> TorchExecutor:
+def numba_cuda_executor(
+    config: Any, dtype: str = "auto", device: str = "auto", attention: str = NAME, **options: Any
+) -> TorchExecutor:
     """The ``torch`` executor with the ``numba-cuda`` attention backend, on the GPU (see the module's docstring)."""
     if attention != NAME:
-        raise ConfigError(f"executor 'numba-cuda' runs attention {NAME!r}, not {attention!r}; for another backend use executor 'torch'", param="attention")
+        raise ConfigError(
+            f"executor 'numba-cuda' runs attention {NAME!r}, not {attention!r}; for another backend use executor 'torch'",
+            param="attention",
+        )
     return TorchExecutor(config, dtype=_dtype(dtype), device=_device(device), attention=NumbaCudaAttention(), **options)
 
 

@@ -60,7 +60,9 @@ class AttentionInputs:
     kernel: KernelInputs | None = None  # set when a kernel backend serves attention
 
 
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor) -> None:
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, slots: torch.Tensor
+) -> None:
     """Store the step's new keys/values ([T, kv_heads, head_size]) in their cache slots."""
     kv_heads, head_size = k_cache.shape[-2:]
     k_cache.view(-1, kv_heads, head_size).index_copy_(0, slots, key.to(k_cache.dtype))
@@ -107,7 +109,11 @@ def decode_attention(query, k_cache, v_cache, group: DecodeGroup, scale: float) 
     values = gather_blocks(v_cache, group.blocks, dtype).transpose(1, 2)
     q = query[group.start : group.start + group.count].unsqueeze(2).to(dtype)  # [count, heads, 1, head_size]
     gqa = query.shape[1] != k_cache.shape[2]
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=gqa).squeeze(2).to(query.dtype)
+    return (
+        F.scaled_dot_product_attention(q, keys, values, attn_mask=group.mask, scale=scale, enable_gqa=gqa)
+        .squeeze(2)
+        .to(query.dtype)
+    )
 
 
 def prefill_attention(out, query, key, value, k_cache, v_cache, inputs: AttentionInputs, scale: float) -> None:

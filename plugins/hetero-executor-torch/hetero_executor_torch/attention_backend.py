@@ -53,13 +53,22 @@ class AttentionBackend(Protocol):
         """The step's attention inputs (with ``slot_mapping``, already on the device), shared by every layer."""
         ...
 
-    def graph_inputs(self, slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> Any:
+    def graph_inputs(
+        self, slot_mapping: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
+    ) -> Any:
         """Inputs of a decode-only step from static buffers: one decode per row, ``block_tables`` ``[rows, width]``
         int32, ``context_lens`` ``[rows]`` int32 (cached tokens, this one included)."""
         ...
 
     def attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, inputs: Any, scale: float
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        inputs: Any,
+        scale: float,
     ) -> torch.Tensor:
         """Attention output ``[T, heads, head_size]``; the caches ``[blocks, block_size, kv_heads, head_size]`` already hold the step's keys/values."""
         ...
@@ -83,7 +92,9 @@ class AttentionBackends:
             except ConfigError:
                 raise
             except Exception as exc:  # a broken plugin harms only itself
-                self._factories = {name: entry for name, entry in self._factories.items() if entry[1] != impl.plugin_name}
+                self._factories = {
+                    name: entry for name, entry in self._factories.items() if entry[1] != impl.plugin_name
+                }
                 pm.mark_broken(impl.plugin_name, f"its {HOOK} hook raised {type(exc).__name__}: {exc}")
 
     @classmethod
@@ -96,7 +107,9 @@ class AttentionBackends:
             if not isinstance(name, str) or not name or name == "auto":
                 raise ConfigError(f"plugin {plugin!r} registered an attention backend with an invalid name {name!r}")
             if not callable(factory):
-                raise ConfigError(f"plugin {plugin!r} registered attention backend {name!r} with a factory that is not callable")
+                raise ConfigError(
+                    f"plugin {plugin!r} registered attention backend {name!r} with a factory that is not callable"
+                )
             if name in self._factories:
                 raise ConfigError(
                     f"attention backend {name!r} is registered twice: by plugin {self._factories[name][1]!r} and by plugin {plugin!r};"
@@ -116,16 +129,25 @@ class AttentionBackends:
     def create(self, name: str) -> AttentionBackend:
         """A new backend ``name``; ``ConfigError`` listing the names on offer when none is registered so."""
         if name not in self._factories:
-            raise ConfigError(f"executor option attention must be one of auto, {', '.join(self.names())}; got {name!r}{self._why_missing(name)}", param="attention")
+            raise ConfigError(
+                f"executor option attention must be one of auto, {', '.join(self.names())}; got {name!r}{self._why_missing(name)}",
+                param="attention",
+            )
         factory, plugin = self._factories[name]
         try:
             backend = factory()
         except EngineError:
             raise
         except Exception as exc:
-            raise ConfigError(f"attention backend {name!r} (plugin {plugin!r}) failed to start: {type(exc).__name__}: {exc}", param="attention") from exc
+            raise ConfigError(
+                f"attention backend {name!r} (plugin {plugin!r}) failed to start: {type(exc).__name__}: {exc}",
+                param="attention",
+            ) from exc
         if not isinstance(backend, AttentionBackend):
-            raise ConfigError(f"attention backend {name!r} (plugin {plugin!r}) does not provide the AttentionBackend interface", param="attention")
+            raise ConfigError(
+                f"attention backend {name!r} (plugin {plugin!r}) does not provide the AttentionBackend interface",
+                param="attention",
+            )
         return backend
 
     def _why_missing(self, name: str) -> str:
@@ -135,22 +157,29 @@ class AttentionBackends:
             try:
                 hook = getattr(load(), HOOK, None)
                 if hook is not None:
-                    hook(register=lambda registered, *_args: provided.append(registered))
+                    hook(register=lambda registered, *_args, _into=provided: _into.append(registered))
             except Exception:  # a disabled plugin may well be broken too: then it provides nothing
                 continue
             if name in provided:
                 return f"; attention backend {name!r} is provided by plugin {plugin!r}, which is disabled (HETERO_DISABLE_PLUGINS or plugins.disable)"
         if self._pm.broken:
-            return "; broken plugins, which may provide it: " + "; ".join(f"{p!r} ({why})" for p, why in sorted(self._pm.broken.items()))
+            return "; broken plugins, which may provide it: " + "; ".join(
+                f"{p!r} ({why})" for p, why in sorted(self._pm.broken.items())
+            )
         return ""
 
 
-def resolve(attention: str | AttentionBackend, device: torch.device, backends: AttentionBackends | None = None) -> AttentionBackend:
+def resolve(
+    attention: str | AttentionBackend, device: torch.device, backends: AttentionBackends | None = None
+) -> AttentionBackend:
     """The backend named by ``attention`` among ``backends`` (by default those of the installed plugins; ``auto``:
     the fastest one for ``device``), or ``attention`` itself when it is a backend."""
     if not isinstance(attention, str):
         if not isinstance(attention, AttentionBackend):
-            raise ConfigError(f"executor option attention must be a backend name or an AttentionBackend; got {attention!r}", param="attention")
+            raise ConfigError(
+                f"executor option attention must be a backend name or an AttentionBackend; got {attention!r}",
+                param="attention",
+            )
         return attention
     if attention == "auto":
         attention = "numba" if device.type == "cpu" else "torch"

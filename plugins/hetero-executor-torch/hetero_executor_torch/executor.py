@@ -67,7 +67,9 @@ def resolve_dtype(dtype: str, device: torch.device, gguf: bool = False) -> torch
             return torch.float16 if gguf else torch.bfloat16
         return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
     if dtype not in DTYPES:
-        raise ConfigError(f"executor option dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
+        raise ConfigError(
+            f"executor option dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}", param="dtype"
+        )
     if dtype == "float16" and device.type == "cpu":
         raise ConfigError("dtype float16 is for CUDA; on the CPU use float32 or bfloat16", param="dtype")
     return DTYPES[dtype]
@@ -78,9 +80,14 @@ def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype
     ``dtype: auto`` picks on a CPU without fast bf16 (dense float32 would hold eight times a 4-bit
     file). A ``dtype: float32`` asked for stays dense, the exact reference; CUDA runs dense."""
     if weights not in WEIGHT_FORMATS:
-        raise ConfigError(f"executor option weights must be one of {', '.join(WEIGHT_FORMATS)}; got {weights!r}", param="weights")
+        raise ConfigError(
+            f"executor option weights must be one of {', '.join(WEIGHT_FORMATS)}; got {weights!r}", param="weights"
+        )
     if weights in ("int8", "int4") and device.type != "cpu":
-        raise ConfigError(f"executor option weights={weights!r} runs torch's CPU packed kernels; on {device} use 'dense'", param="weights")
+        raise ConfigError(
+            f"executor option weights={weights!r} runs torch's CPU packed kernels; on {device} use 'dense'",
+            param="weights",
+        )
     if weights == "auto" and (device.type != "cpu" or dtype == torch.float32 and dtype_option != "auto"):
         return "dense"
     return weights
@@ -158,7 +165,10 @@ class TorchExecutor:
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         if decode_graphs not in (True, False, "auto"):
-            raise ConfigError(f"executor option decode_graphs must be true, false or 'auto'; got {decode_graphs!r}", param="decode_graphs")
+            raise ConfigError(
+                f"executor option decode_graphs must be true, false or 'auto'; got {decode_graphs!r}",
+                param="decode_graphs",
+            )
         self.device = resolve_device(device)
         self.attention = attention_backend.resolve(attention, self.device)
         self.uses_graphs = self._uses_graphs(decode_graphs)
@@ -169,35 +179,72 @@ class TorchExecutor:
         self.weight_format = resolve_weight_format(weights, self.device, self.dtype, dtype)
         path = resolve_model_path(config.model)
         model_config, weights = load_weights(path, keep_quantized=self.weight_format in ("auto", "int4"))
-        cache = open_cache(weight_cache, weight_cache_max_gib) if self.device.type == "cpu" and path.suffix == ".gguf" else None
+        cache = (
+            open_cache(weight_cache, weight_cache_max_gib)
+            if self.device.type == "cpu" and path.suffix == ".gguf"
+            else None
+        )
         settings = dict(
-            weights=self.weight_format, dtype=str(self.dtype), dense_copy=dense_copy, small_batch_kernels=small_batch_kernels, cpu_kernels=cpu_kernel_variants()
+            weights=self.weight_format,
+            dtype=str(self.dtype),
+            dense_copy=dense_copy,
+            small_batch_kernels=small_batch_kernels,
+            cpu_kernels=cpu_kernel_variants(),
         )
         with torch.inference_mode():
-            build = functools.partial(build_weights, model_config, weights, self.dtype, self.device, self.weight_format, dense_copy, small_batch_kernels)
+            build = functools.partial(
+                build_weights,
+                model_config,
+                weights,
+                self.dtype,
+                self.device,
+                self.weight_format,
+                dense_copy,
+                small_batch_kernels,
+            )
             built = load_or_build(cache, path, settings, build)
-            self.model = LlamaModel(model_config, built, self.dtype, self.device, self.attention.attend, self.weight_format)
-            kernels = fused_layers.fused_kernels(self.attention, self.device, self.dtype, self.kv_cache_dtype, model_config)
+            self.model = LlamaModel(
+                model_config, built, self.dtype, self.device, self.attention.attend, self.weight_format
+            )
+            kernels = fused_layers.fused_kernels(
+                self.attention, self.device, self.dtype, self.kv_cache_dtype, model_config
+            )
             if kernels is not None:
                 self.model.fused = fused_layers.FusedLayers(self.model, kernels)
         self.model_config = model_config
-        self._info = ModelInfo(model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids)
-        self.sampler = Sampler(model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids)
+        self._info = ModelInfo(
+            model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids
+        )
+        self.sampler = Sampler(
+            model_config.vocab_size, self.device, default_seed=config.seed, eos_token_ids=model_config.eos_token_ids
+        )
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.block_size = 0
         self.engine_config = config
         self.graphs: DecodeGraphs | None = None
         log.info(
-            "model loaded", model=model_config.name, path=str(path), dtype=str(self.dtype), device=str(self.device),
-            weights=self.weight_format, dense_copy=dense_copy, small_batch_kernels=small_batch_kernels, attention=self.attention.name,
-            cpu_kernels=[name for name, runs in cpu_kernel_variants().items() if runs] if self.device.type == "cpu" else None,
+            "model loaded",
+            model=model_config.name,
+            path=str(path),
+            dtype=str(self.dtype),
+            device=str(self.device),
+            weights=self.weight_format,
+            dense_copy=dense_copy,
+            small_batch_kernels=small_batch_kernels,
+            attention=self.attention.name,
+            cpu_kernels=[name for name, runs in cpu_kernel_variants().items() if runs]
+            if self.device.type == "cpu"
+            else None,
         )
 
     def _uses_graphs(self, decode_graphs: bool | str) -> bool:
         if self.attention.supports_graphs:
             return self.device.type == "cuda" if decode_graphs == "auto" else bool(decode_graphs)
         if decode_graphs is True:
-            raise ConfigError(f"attention backend {self.attention.name!r} does not support decode graphs; set decode_graphs to false or auto", param="decode_graphs")
+            raise ConfigError(
+                f"attention backend {self.attention.name!r} does not support decode graphs; set decode_graphs to false or auto",
+                param="decode_graphs",
+            )
         return False
 
     @property
@@ -214,7 +261,10 @@ class TorchExecutor:
         config = self.model_config
         shape = (num_blocks + (1 if self.uses_graphs else 0), block_size, config.num_kv_heads, config.head_size)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device), torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
+                torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
+            )
             for _ in range(config.num_layers)
         ]
         self.block_size = block_size
@@ -265,7 +315,9 @@ class TorchExecutor:
         prefill = ScheduledSequence(0, tokens, 0, table, True, params, tokens, length, None)
         self.execute(ExecutionBatch([prefill], self.block_size))
         decodes = [ScheduledSequence(i, [0], 1, [0], True, params, [0, 0], 1, None) for i in range(max_num_seqs)]
-        for count in sorted({max_num_seqs, min(3, max_num_seqs)} if cuda else {1, min(3, rows, max_num_seqs)}, reverse=True):
+        for count in sorted(
+            {max_num_seqs, min(3, max_num_seqs)} if cuda else {1, min(3, rows, max_num_seqs)}, reverse=True
+        ):
             self.execute(ExecutionBatch(decodes[:count], self.block_size))
 
     def execute(self, batch: ExecutionBatch) -> ExecutionOutput:
@@ -284,7 +336,9 @@ class TorchExecutor:
                 logits = self.model.logits_at(hidden, logits_indices)
                 if scores_prompts:
                     logits_at = functools.partial(self.model.logits_at, hidden)
-                    prompt_logprobs, errors = score_prompts(logits_at, ordered, self.model_config.vocab_size, self.device)
+                    prompt_logprobs, errors = score_prompts(
+                        logits_at, ordered, self.model_config.vocab_size, self.device
+                    )
             sampled = step.sampled
             output = sample_each_alone_on_failure(self.sampler, logits, sampled) if sampled else ExecutionOutput({})
             output.prompt_logprobs = prompt_logprobs
@@ -297,8 +351,12 @@ class TorchExecutor:
         params = GenerationParams(temperature=0.0, max_tokens=1)
         sequence = ScheduledSequence(0, token_ids, 0, block_table, True, params, token_ids, len(token_ids), None)
         with torch.inference_mode(), self._on_device():
-            input_ids, positions, attention, kv_caches, _ = self.model_inputs(layout(ExecutionBatch([sequence], self.block_size)))
-            return self.model.forward(input_ids, positions, attention, kv_caches, torch.arange(len(token_ids), device=self.device))
+            input_ids, positions, attention, kv_caches, _ = self.model_inputs(
+                layout(ExecutionBatch([sequence], self.block_size))
+            )
+            return self.model.forward(
+                input_ids, positions, attention, kv_caches, torch.arange(len(token_ids), device=self.device)
+            )
 
     def _on_device(self) -> contextlib.AbstractContextManager:
         """Makes a CUDA device current (kernels that take no device argument, graphs, numba launches go there)."""

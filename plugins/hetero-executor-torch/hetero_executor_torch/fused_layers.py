@@ -53,7 +53,9 @@ if TYPE_CHECKING:
 DTYPES = (torch.float32, torch.bfloat16)
 
 
-def fused_kernels(attention: object, device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype, config: ModelConfig) -> Any:
+def fused_kernels(
+    attention: object, device: torch.device, dtype: torch.dtype, kv_cache_dtype: torch.dtype, config: ModelConfig
+) -> Any:
     """The kernels module that runs the layers fused, or None for torch's ops: none for a model with a
     norm of each query and key head (Qwen3's), which the kernels do not apply; on CUDA ``cuda_fused``
     with any backend, where numba-cuda is installed; elsewhere the module the attention backend names
@@ -76,7 +78,9 @@ def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | No
     def of(linear: Linear) -> tuple | None:
         return arrays(linear) if isinstance(linear, PackedLinear) else None
 
-    layers = [tuple(of(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) for layer in model.layers]
+    layers = [
+        tuple(of(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) for layer in model.layers
+    ]
     return [] if any(four is None for layer in layers for four in layer) else layers
 
 
@@ -96,7 +100,9 @@ class FusedLayers:
         cpu = model.device.type == "cpu"
         self.vnni_layers = packed_layers(model, PackedLinear.int4_arrays) if cpu else []
         self.vnni_rows = VNNI_MAX_ROWS if self.vnni_layers else 0
-        self.tiled_layers = packed_layers(model, PackedLinear.tiled_arrays) if cpu and model.dtype == torch.bfloat16 else []
+        self.tiled_layers = (
+            packed_layers(model, PackedLinear.tiled_arrays) if cpu and model.dtype == torch.bfloat16 else []
+        )
         self.tiled_rows = TILED_MAX_ROWS if self.tiled_layers else 0
         if self.vnni_layers or self.tiled_layers:
             from hetero_kernels import cpu_layer
@@ -105,7 +111,9 @@ class FusedLayers:
         self._caches: list[Any] | None = None
         self._arrays: list[tuple[Any, Any]] = []
 
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any]
+    ) -> torch.Tensor:
         """The residual stream after the last layer, [T, hidden] float32, before the final norm."""
         model, kernels, config = self.model, self.kernels, self.model.config
         rows, dtype, device = input_ids.shape[0], model.dtype, model.device
@@ -121,13 +129,23 @@ class FusedLayers:
         x = torch.empty(rows, config.hidden_size, dtype=dtype, device=device)
         x_out = kernel_array(x)
         kernels.rms_norm(stream, self.input_norms[0], self.eps, x_out)
-        mlp = torch.empty(rows, config.intermediate_size, dtype=dtype, device=device)  # SwiGLU's output, the down projection's input
+        mlp = torch.empty(
+            rows, config.intermediate_size, dtype=dtype, device=device
+        )  # SwiGLU's output, the down projection's input
         mlp_out = kernel_array(mlp)
-        attend = self._decodes(attention) if self.decodes_attend and attention.num_decodes == rows else self._chunks(attention)
+        attend = (
+            self._decodes(attention)
+            if self.decodes_attend and attention.num_decodes == rows
+            else self._chunks(attention)
+        )
         last = len(model.layers) - 1
-        for i, (layer, (k_cache, v_cache), caches) in enumerate(zip(model.layers, kv_caches, self._cache_arrays(kv_caches))):
+        for i, (layer, (k_cache, v_cache), caches) in enumerate(
+            zip(model.layers, kv_caches, self._cache_arrays(kv_caches), strict=True)
+        ):
             attended = attend(layer.qkv(x), cos, sin, k_cache, v_cache, caches)
-            kernels.rms_norm(stream, self.post_norms[i], self.eps, x_out, kernel_array(layer.o_proj(attended.view(rows, -1))))
+            kernels.rms_norm(
+                stream, self.post_norms[i], self.eps, x_out, kernel_array(layer.o_proj(attended.view(rows, -1)))
+            )
             kernels.swiglu(kernel_array(layer.gate_up(x)), mlp_out)
             down = layer.down(mlp)
             if i == last:
@@ -137,7 +155,13 @@ class FusedLayers:
         return hidden
 
     def _packed_decodes(
-        self, stream: np.ndarray, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[Any], layers: list[tuple], activations: torch.dtype
+        self,
+        stream: np.ndarray,
+        positions: torch.Tensor,
+        attention: AttentionInputs,
+        kv_caches: list[Any],
+        layers: list[tuple],
+        activations: torch.dtype,
     ) -> None:
         """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer with the
         projections' ``layers`` arrays, the activations in ``activations``, leaving the residual stream
@@ -152,14 +176,22 @@ class FusedLayers:
         tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
         plan = self.kernels.decode_plan(rows, caches[0][0])
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
-        shapes = ((qkv_size,), (config.num_heads, config.head_size), (config.hidden_size,), (2 * config.intermediate_size,), (config.intermediate_size,))
+        shapes = (
+            (qkv_size,),
+            (config.num_heads, config.head_size),
+            (config.hidden_size,),
+            (2 * config.intermediate_size,),
+            (config.intermediate_size,),
+        )
         element = kernel_array(torch.empty(0, dtype=activations)).dtype
         buffers = tuple(np.empty((rows, *shape), dtype=element) for shape in shapes)
         x = np.empty((rows, config.hidden_size), dtype=element)
         self.kernels.rms_norm(stream, self.input_norms[0], self.eps, x)
         scale, eps = np.float32(self.model.scale), np.float32(self.eps)
         next_norms = self.input_norms[1:] + [self.final_norm]
-        for weights, (k_cache, v_cache), post_norm, next_norm in zip(layers, caches, self.post_norms, next_norms):
+        for weights, (k_cache, v_cache), post_norm, next_norm in zip(
+            layers, caches, self.post_norms, next_norms, strict=True
+        ):
             layer_attention = (cos, sin, k_cache, v_cache, *tables, config.num_heads, scale, *plan)
             self.layer_kernel.decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, layer_attention)
 
@@ -171,7 +203,9 @@ class FusedLayers:
         out = kernel_array(attended)
 
         def attend(qkv, cos, sin, k_cache, v_cache, caches) -> torch.Tensor:
-            self.kernels.rotary_decode_attention(out, kernel_array(qkv), cos, sin, *caches, *tables, config.num_heads, model.scale)
+            self.kernels.rotary_decode_attention(
+                out, kernel_array(qkv), cos, sin, *caches, *tables, config.num_heads, model.scale
+            )
             return attended
 
         return attend

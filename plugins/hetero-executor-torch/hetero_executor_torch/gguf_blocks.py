@@ -163,7 +163,9 @@ def _q3_k_scales(codes: np.ndarray) -> np.ndarray:
 def _two_bit(packed: np.ndarray) -> np.ndarray:
     """Q2_K's and Q3_K's 64 bytes of 2-bit values (and Q6_K's high bits) as 256 inputs: chunk c of 32
     bytes, shift 2s, is inputs 128c + 32s .. + 31."""
-    return ((packed.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(-1, 256)
+    return ((packed.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 3).reshape(
+        -1, 256
+    )
 
 
 def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -184,5 +186,9 @@ def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, n
     if kind == T.Q2_K:
         blocks = data.reshape(-1, 84)
         codes = blocks[:, :16]
-        return _two_bit(blocks[:, 16:80]).astype(np.int8), _f16(blocks, 80) * (codes & 15), -_f16(blocks, 82) * (codes >> 4)
+        return (
+            _two_bit(blocks[:, 16:80]).astype(np.int8),
+            _f16(blocks, 80) * (codes & 15),
+            -_f16(blocks, 82) * (codes >> 4),
+        )
     return None

@@ -82,7 +82,9 @@ class CaptureGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         reason = NOT_CAPTURABLE.get(func)
         if reason is not None:
-            raise NotCapturableError(f"a captured decode step cannot call {getattr(func, '__name__', func)}: it {reason}")
+            raise NotCapturableError(
+                f"a captured decode step cannot call {getattr(func, '__name__', func)}: it {reason}"
+            )
         return func(*args, **(kwargs or {}))
 
 
@@ -172,7 +174,9 @@ class DecodeGraphs:
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
         self.slot_mapping = torch.zeros(rows, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(rows * width, dtype=torch.int32, device=device)  # viewed [rows, width] per bucket
+        self.block_tables = torch.zeros(
+            rows * width, dtype=torch.int32, device=device
+        )  # viewed [rows, width] per bucket
         self.context_lens = torch.ones(rows, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(rows, model.config.hidden_size, dtype=model.dtype, device=device)
 
@@ -198,8 +202,12 @@ class DecodeGraphs:
             try:
                 self.graphs[key] = (self.capture(step), step)
             except Exception as exc:
-                raise GraphCaptureError(f"capturing the decode graph for batch {rows} x {width} blocks failed: {exc}") from exc
-            log.debug("decode graph captured", batch=rows, blocks=width, seconds=round(time.perf_counter() - started, 3))
+                raise GraphCaptureError(
+                    f"capturing the decode graph for batch {rows} x {width} blocks failed: {exc}"
+                ) from exc
+            log.debug(
+                "decode graph captured", batch=rows, blocks=width, seconds=round(time.perf_counter() - started, 3)
+            )
         replay, _ = self.graphs[key]
         replay()
         return self.hidden[:num_seqs]

@@ -65,7 +65,14 @@ class KernelAttention:
         if n:
             q, part = query[:n], out[:n]
             q, target = self.operands(q, part)
-            kernels.paged_decode_attention(kernel_array(target), kernel_array(q), *caches, kernel_array(meta.decode_tables), kernel_array(meta.decode_lens), scale)
+            kernels.paged_decode_attention(
+                kernel_array(target),
+                kernel_array(q),
+                *caches,
+                kernel_array(meta.decode_tables),
+                kernel_array(meta.decode_lens),
+                scale,
+            )
             if target is not part:
                 part.copy_(target)
         if query.shape[0] > n:
@@ -106,7 +113,10 @@ class NumbaCpuAttention(KernelAttention):
 
     def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
         if device.type != "cpu":
-            raise ConfigError(f"attention 'numba' runs the Numba CPU kernels, not on {device}; on CUDA use executor 'numba-cuda'", param="attention")
+            raise ConfigError(
+                f"attention 'numba' runs the Numba CPU kernels, not on {device}; on CUDA use executor 'numba-cuda'",
+                param="attention",
+            )
         return kv_cache_dtype
 
 

@@ -74,7 +74,12 @@ _TYPE_NUMBERS = {kind.value for kind in gguf.GGMLQuantizationType}
 
 def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
     if isinstance(weight, (GroupQuantized, ByteQuantized)):
-        return type(weight)(*(torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads))) for t in attrs.astuple(weight, recurse=False)))
+        return type(weight)(
+            *(
+                torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads)))
+                for t in attrs.astuple(weight, recurse=False)
+            )
+        )
     return torch.from_numpy(np.ascontiguousarray(unpermute(weight.numpy(), num_heads)))
 
 
@@ -118,7 +123,9 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
     head_size = reader.get(f"{arch}.attention.key_length") or hidden // num_heads
     rotated = reader.get(f"{arch}.rope.dimension_count") or head_size
     if rotated != head_size:
-        raise ConfigError(f"{path.name}: RoPE over {rotated} of each head's {head_size} dimensions is not supported", param="model")
+        raise ConfigError(
+            f"{path.name}: RoPE over {rotated} of each head's {head_size} dimensions is not supported", param="model"
+        )
     scaling = reader.get(f"{arch}.rope.scaling.type") or "none"
     if scaling not in ("none", "linear"):
         raise ConfigError(f"{path.name}: unsupported RoPE scaling {scaling!r}; supported: none, linear", param="model")
@@ -139,14 +146,18 @@ def gguf_config(reader: GGUFHeader, path: Path) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in tensors,
         head_norm="blk.0.attn_q_norm.weight" in tensors,
         eos_token_ids=token_ids(reader.get("tokenizer.ggml.eos_token_id"), reader.get("tokenizer.ggml.eot_token_id")),
-        rope_scaling={"rope_type": "linear", "factor": float(reader.get(f"{arch}.rope.scaling.factor"))} if scaling == "linear" else None,
+        rope_scaling={"rope_type": "linear", "factor": float(reader.get(f"{arch}.rope.scaling.factor"))}
+        if scaling == "linear"
+        else None,
         rope_frequency_factors=_rope_factors(factors, path) if factors is not None else None,
     )
 
 
 def _rope_factors(tensor: TensorInfo, path: Path) -> tuple[float, ...]:
     """``rope_freqs.weight``, which llama.cpp's converter writes for Llama 3's scaled RoPE."""
-    return tuple(gguf.quants.dequantize(tensor_data(tensor, path), gguf.GGMLQuantizationType(tensor.ggml_type)).ravel().tolist())
+    return tuple(
+        gguf.quants.dequantize(tensor_data(tensor, path), gguf.GGMLQuantizationType(tensor.ggml_type)).ravel().tolist()
+    )
 
 
 Loaders = dict[str, Callable[[], Weight]]
@@ -154,7 +165,9 @@ Loaders = dict[str, Callable[[], Weight]]
 that layer, so no more than one layer's are decoded at a time."""
 
 
-def _read_gguf_tensor(tensor: TensorInfo, kind: gguf.GGMLQuantizationType, path: Path, keep_quantized: bool, heads: int) -> Weight:
+def _read_gguf_tensor(
+    tensor: TensorInfo, kind: gguf.GGMLQuantizationType, path: Path, keep_quantized: bool, heads: int
+) -> Weight:
     """One tensor: its group form (``keep_quantized``, where it has one) or float32, with llama.cpp's
     q/k row permutation undone over ``heads`` heads (0: none)."""
     raw = tensor_data(tensor, path)
@@ -180,13 +193,25 @@ def load_gguf(path: Path, keep_quantized: bool = False) -> tuple[ModelConfig, Lo
             continue
         kind = gguf.GGMLQuantizationType(tensor.ggml_type) if tensor.ggml_type in _TYPE_NUMBERS else None
         if kind not in GGUF_TYPES:
-            raise ConfigError(f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}", param="model")
+            raise ConfigError(
+                f"{path.name}: tensor {tensor.name} has unsupported type {kind.name if kind else tensor.ggml_type}",
+                param="model",
+            )
         if keep_quantized and kind in dense_types:
             dense_only[kind.name] = dense_only.get(kind.name, 0) + int(np.prod(tensor_shape(tensor)))
-        heads = (config.num_heads if "q_proj" in name else config.num_kv_heads if "k_proj" in name else 0) if permuted else 0
+        heads = (
+            (config.num_heads if "q_proj" in name else config.num_kv_heads if "k_proj" in name else 0)
+            if permuted
+            else 0
+        )
         loaders[name] = functools.partial(_read_gguf_tensor, tensor, kind, path, keep_quantized, heads)
     for kind_name, size in dense_only.items():
-        log.warning("weights dequantized to dense: no packed kernel for this type", model=path.name, type=kind_name, file_mib=round(size / 2**20, 1))
+        log.warning(
+            "weights dequantized to dense: no packed kernel for this type",
+            model=path.name,
+            type=kind_name,
+            file_mib=round(size / 2**20, 1),
+        )
     return config, loaders
 
 

@@ -39,19 +39,30 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
 class Layer:
     """One decoder layer's weights (q/k/v and gate/up fused for fewer, larger matmuls)."""
 
-    def __init__(self, weights: Loaders, prefix: str, config: ModelConfig, linear: Callable[[list[Weight], torch.Tensor | None], Linear]) -> None:
+    def __init__(
+        self,
+        weights: Loaders,
+        prefix: str,
+        config: ModelConfig,
+        linear: Callable[[list[Weight], torch.Tensor | None], Linear],
+    ) -> None:
         def take(name: str) -> Weight:
             return weights.pop(f"{prefix}.{name}")()
 
         self.input_norm = take("input_layernorm.weight")
         self.post_norm = take("post_attention_layernorm.weight")
-        self.head_norms = (take("self_attn.q_norm.weight"), take("self_attn.k_norm.weight")) if config.head_norm else None
+        self.head_norms = (
+            (take("self_attn.q_norm.weight"), take("self_attn.k_norm.weight")) if config.head_norm else None
+        )
         qkv_bias = (
             torch.cat([take("self_attn.q_proj.bias"), take("self_attn.k_proj.bias"), take("self_attn.v_proj.bias")])
             if config.attention_bias
             else None
         )
-        self.qkv = linear([take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")], qkv_bias)
+        self.qkv = linear(
+            [take("self_attn.q_proj.weight"), take("self_attn.k_proj.weight"), take("self_attn.v_proj.weight")],
+            qkv_bias,
+        )
         self.o_proj = linear([take("self_attn.o_proj.weight")], None)
         self.gate_up = linear([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")], None)
         self.down = linear([take("mlp.down_proj.weight")], None)
@@ -59,7 +70,11 @@ class Layer:
 
 class LayerStack(Protocol):
     def hidden_states(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionInputs, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionInputs,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor: ...
 
 
@@ -127,7 +142,12 @@ class LlamaModel:
         self.dtype = dtype
         self.device = device
         self.weight_format = weight_format
-        self.embedding, self.lm_head, self.norm, self.layers = weights.embedding, weights.lm_head, weights.norm, weights.layers
+        self.embedding, self.lm_head, self.norm, self.layers = (
+            weights.embedding,
+            weights.lm_head,
+            weights.norm,
+            weights.layers,
+        )
         self.q_size = config.num_heads * config.head_size
         self.kv_size = config.num_kv_heads * config.head_size
         self.scale = config.head_size**-0.5
@@ -135,7 +155,9 @@ class LlamaModel:
         # a faster strategy for the same function (fused_layers.FusedLayers), set by whoever runs the model
         self.fused: LayerStack | None = None
 
-    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope_tables(
+        self, positions: torch.Tensor, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for each token, [T, 1, head_size], in ``dtype`` (the compute dtype by default)."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]
         angles = torch.cat([angles, angles], dim=-1)[:, None, :]
@@ -195,14 +217,20 @@ class LlamaModel:
         cos, sin = self.rope_tables(positions)
         hidden = self.embedding.embed(input_ids).float()
         num_tokens = hidden.shape[0]
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x = self.rms_norm(hidden, layer.input_norm)
             qkv = layer.qkv(x)
             # q and k heads side by side, rotated in one go
             qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, config.head_size)
             if layer.head_norms is not None:
                 q_norm, k_norm = layer.head_norms
-                qk = torch.cat([self.rms_norm(qk[:, : config.num_heads], q_norm), self.rms_norm(qk[:, config.num_heads :], k_norm)], dim=1)
+                qk = torch.cat(
+                    [
+                        self.rms_norm(qk[:, : config.num_heads], q_norm),
+                        self.rms_norm(qk[:, config.num_heads :], k_norm),
+                    ],
+                    dim=1,
+                )
             qk = self.rotate(qk, cos, sin)
             q, k = qk[:, : config.num_heads], qk[:, config.num_heads :]
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, config.num_kv_heads, config.head_size)

@@ -11,7 +11,10 @@ from hetero_core.errors import ConfigError
 # Hugging Face architectures served by the Llama forward pass (Qwen2 adds q/k/v biases, Qwen3 an RMSNorm
 # of each query and key head before RoPE).
 SUPPORTED_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "linear", "llama3")  # RoPE scalings the forward pass computes
@@ -44,7 +47,8 @@ class ModelConfig:
         architecture = next((a for a in architectures if a in SUPPORTED_ARCHITECTURES), None)
         if architecture is None:
             raise ConfigError(
-                f"unsupported architecture {architectures}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}", param="model"
+                f"unsupported architecture {architectures}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
+                param="model",
             )
         num_heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
@@ -56,9 +60,13 @@ class ModelConfig:
         # transformers 5 writes RoPE's settings as rope_parameters; earlier versions as rope_theta and rope_scaling
         rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), Mapping) else {}
         scaling = config.get("rope_scaling") or rope
-        rope_type = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, Mapping) else "default"
+        rope_type = (
+            scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, Mapping) else "default"
+        )
         if rope_type not in ROPE_TYPES:
-            raise ConfigError(f"{name}: unsupported RoPE scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}", param="model")
+            raise ConfigError(
+                f"{name}: unsupported RoPE scaling {rope_type!r}; supported: {', '.join(ROPE_TYPES)}", param="model"
+            )
         return cls(
             name=name,
             vocab_size=config["vocab_size"],
@@ -72,7 +80,8 @@ class ModelConfig:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=positions,
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2" or bool(config.get("attention_bias", False)),
+            attention_bias=SUPPORTED_ARCHITECTURES[architecture] == "qwen2"
+            or bool(config.get("attention_bias", False)),
             eos_token_ids=token_ids(config.get("eos_token_id"), (generation or {}).get("eos_token_id")),
             rope_scaling=dict(scaling, rope_type=rope_type) if rope_type != "default" else None,
             head_norm=SUPPORTED_ARCHITECTURES[architecture] == "qwen3",

@@ -32,7 +32,10 @@ def _decode_graphs(_instance: Any, attribute: Any, value: Any) -> None:
 def _attention(_instance: Any, attribute: Any, value: Any) -> None:
     """A backend name (resolved, with the names on offer, when the executor is built) or, from Python, a backend."""
     if not (isinstance(value, str) and value or isinstance(value, AttentionBackend)):
-        raise ConfigError(f"{attribute.name} must be auto, an attention backend name or an AttentionBackend, got {value!r}", param=attribute.name)
+        raise ConfigError(
+            f"{attribute.name} must be auto, an attention backend name or an AttentionBackend, got {value!r}",
+            param=attribute.name,
+        )
 
 
 def _weight_cache(_instance: Any, attribute: Any, value: Any) -> None:
@@ -47,17 +50,23 @@ class TorchExecutorOptions:
     dtype: str = attrs.field(default="auto", validator=one_of(DTYPE_CHOICES, error=ConfigError))
     kv_cache_dtype: str = attrs.field(default="auto", validator=one_of(DTYPE_CHOICES, error=ConfigError))
     device: str = attrs.field(default="auto", validator=_device)
-    num_threads: int | None = attrs.field(default=None, validator=optional(number_in(1, 4096, integer=True, error=ConfigError)))
+    num_threads: int | None = attrs.field(
+        default=None, validator=optional(number_in(1, 4096, integer=True, error=ConfigError))
+    )
     attention: str | AttentionBackend = attrs.field(default="auto", validator=_attention)
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
     weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
     dense_copy: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
     small_batch_kernels: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
     weight_cache: str = attrs.field(default="auto", validator=_weight_cache)
-    weight_cache_max_gib: float = attrs.field(default=16.0, validator=number_in(0, 2**20, low_open=True, error=ConfigError))
+    weight_cache_max_gib: float = attrs.field(
+        default=16.0, validator=number_in(0, 2**20, low_open=True, error=ConfigError)
+    )
 
 
-def torch_executor(config: Any, attention: str | AttentionBackend = "auto", device: str = "auto", **options: Any) -> TorchExecutor:
+def torch_executor(
+    config: Any, attention: str | AttentionBackend = "auto", device: str = "auto", **options: Any
+) -> TorchExecutor:
     """The ``torch`` executor, its ``attention`` name resolved among the backends of the plugins ``config`` selects."""
     if isinstance(attention, str):
         attention = resolve(attention, resolve_device(device), AttentionBackends.for_config(config))

@@ -42,13 +42,17 @@ def score_prompts(
             targets = seq.all_token_ids[positions.start : positions.stop]
             entries = []
             for offset in range(0, len(targets), ROWS_PER_SLICE):
-                rows = torch.arange(first_row + offset, first_row + min(offset + ROWS_PER_SLICE, len(targets)), device=device)
+                rows = torch.arange(
+                    first_row + offset, first_row + min(offset + ROWS_PER_SLICE, len(targets)), device=device
+                )
                 logits = logits_at(rows)[:, :vocab_size]
                 normalizer = torch.logsumexp(logits, dim=-1, keepdim=True)  # not finite when a logit is NaN or +inf
                 if not bool(normalizer.isfinite().all()):
                     errors[seq.seq_id] = "the model produced non-finite logits for this sequence's prompt"
                     break
-                entries += _entries(logits, normalizer, targets[offset : offset + len(rows)], seq.params.prompt_logprobs)
+                entries += _entries(
+                    logits, normalizer, targets[offset : offset + len(rows)], seq.params.prompt_logprobs
+                )
             else:
                 scored[seq.seq_id] = entries
         first_row += len(seq.token_ids)
@@ -64,7 +68,10 @@ def _entries(logits: torch.Tensor, normalizer: torch.Tensor, targets: list[int],
     if num_top:
         top_values, top_ids = logits.topk(min(num_top, logits.shape[1]), dim=-1)
         top_values = (top_values - normalizer).clamp(min=MIN_LOGPROB)
-        tops = [list(zip(ids, values)) for ids, values in zip(top_ids.tolist(), top_values.tolist())]
+        tops = [
+            list(zip(ids, values, strict=True))
+            for ids, values in zip(top_ids.tolist(), top_values.tolist(), strict=True)
+        ]
     else:
         tops = [[] for _ in targets]
-    return [TokenLogprobs(t, lp, top, rank=r) for t, lp, top, r in zip(targets, chosen, tops, ranks)]
+    return [TokenLogprobs(t, lp, top, rank=r) for t, lp, top, r in zip(targets, chosen, tops, ranks, strict=True)]

@@ -82,7 +82,9 @@ class GroupQuantized:
 
     @classmethod
     def cat(cls, parts: list[GroupQuantized]) -> GroupQuantized:
-        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.minimum for p in parts]))
+        return cls(
+            torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.minimum for p in parts])
+        )
 
 
 @attrs.frozen
@@ -109,7 +111,11 @@ class ByteQuantized:
     def in_groups_of(self, size: int) -> ByteQuantized:
         """The same weights with factors per ``size`` inputs (a divisor of the group size), exactly."""
         repeats = self.group_size // size
-        return self if repeats == 1 else ByteQuantized(self.q, *(f.repeat_interleave(repeats, dim=1) for f in (self.scale, self.offset)))
+        return (
+            self
+            if repeats == 1
+            else ByteQuantized(self.q, *(f.repeat_interleave(repeats, dim=1) for f in (self.scale, self.offset)))
+        )
 
     def halves(self) -> tuple[GroupQuantized, GroupQuantized]:
         """Groups of 32 as the sum of two 4-bit weights, exactly: ``q = 16 * high + low``, ``high`` the
@@ -118,11 +124,15 @@ class ByteQuantized:
         (low - 8)``; the centring offsets cancel."""
         high = ((self.q >> 4) + 8).to(torch.uint8)  # arithmetic shift: the signed high nibble, then 0..15
         low = (self.q & 15).to(torch.uint8)
-        return GroupQuantized(high, 16 * self.scale, self.offset - 120 * self.scale), GroupQuantized(low, self.scale, -8 * self.scale)
+        return GroupQuantized(high, 16 * self.scale, self.offset - 120 * self.scale), GroupQuantized(
+            low, self.scale, -8 * self.scale
+        )
 
     @classmethod
     def cat(cls, parts: list[ByteQuantized]) -> ByteQuantized:
-        return cls(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.offset for p in parts]))
+        return cls(
+            torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.offset for p in parts])
+        )
 
 
 Weight = torch.Tensor | GroupQuantized | ByteQuantized
@@ -234,7 +244,9 @@ class KernelInt4Weights:
 
     def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
         self.multiply, self.out_features = kernel.matmul, weight.shape[0]
-        self.packed, self.factors = kernel.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
+        self.packed, self.factors = kernel.pack(
+            weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy()
+        )
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
@@ -288,7 +300,11 @@ class SplitInt4Weights(Int4Weights):
 
     def __init__(self, weight: ByteQuantized, dtype: torch.dtype) -> None:
         high, low = weight.halves()
-        side_by_side = GroupQuantized(torch.cat([high.q, low.q], 1), torch.cat([high.scale, low.scale], 1), torch.cat([high.minimum, low.minimum], 1))
+        side_by_side = GroupQuantized(
+            torch.cat([high.q, low.q], 1),
+            torch.cat([high.scale, low.scale], 1),
+            torch.cat([high.minimum, low.minimum], 1),
+        )
         super().__init__(side_by_side, dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -302,7 +318,9 @@ class VnniInt8Weights(KernelInt4Weights):
 
     def __init__(self, weight: ByteQuantized, kernel: Any) -> None:
         self.multiply, self.out_features = kernel.matmul8, weight.shape[0]
-        self.packed, self.factors = kernel.pack8(weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
+        self.packed, self.factors = kernel.pack8(
+            weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy()
+        )
 
 
 class Int8Weights:
@@ -344,7 +362,9 @@ class Int8Rows:
 
 
 Rows = KernelRows | Int8Rows
-TILE_WEIGHTS = 1 << 22  # weights widened at a time for a matmul of many rows (8 MiB in bf16): fewer, larger matmuls measured faster than L2-sized ones
+TILE_WEIGHTS = (
+    1 << 22
+)  # weights widened at a time for a matmul of many rows (8 MiB in bf16): fewer, larger matmuls measured faster than L2-sized ones
 
 
 class PackedLinear:
@@ -481,7 +501,9 @@ def four_bit_rows(weight: GroupQuantized, vnni: VnniInt4Weights | None) -> Kerne
     int4, unpack = kernels
     if vnni is not None:
         return KernelRows(unpack.unpack4, vnni.packed, vnni.factors)
-    return KernelRows(unpack.unpack4, *int4.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy()))
+    return KernelRows(
+        unpack.unpack4, *int4.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
+    )
 
 
 def eight_bit_rows(weight: ByteQuantized, packed: SplitInt4Weights | VnniInt8Weights) -> KernelRows | None:
@@ -493,7 +515,9 @@ def eight_bit_rows(weight: ByteQuantized, packed: SplitInt4Weights | VnniInt8Wei
     int4, unpack = kernels
     if isinstance(packed, VnniInt8Weights):
         return KernelRows(unpack.unpack8, packed.packed, packed.factors)
-    return KernelRows(unpack.unpack8, *int4.pack8(weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy()))
+    return KernelRows(
+        unpack.unpack8, *int4.pack8(weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
+    )
 
 
 def make_linear(

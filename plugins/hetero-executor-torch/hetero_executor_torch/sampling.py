@@ -45,14 +45,20 @@ class Sampler:
     """Samples one token per row of logits, following each sequence's :class:`GenerationParams`."""
 
     def __init__(
-        self, vocab_size: int, device: torch.device | str = "cpu", default_seed: int = 0, eos_token_ids: tuple[int, ...] = ()
+        self,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        default_seed: int = 0,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self.eos_token_ids = eos_token_ids  # held back, with a request's stop ids, until its min_tokens
         self.generator = torch.Generator(device=self.device).manual_seed(default_seed)
 
-    def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> tuple[list[int], dict[int, TokenLogprobs]]:
+    def __call__(
+        self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]
+    ) -> tuple[list[int], dict[int, TokenLogprobs]]:
         logits = logits[:, : self.vocab_size]
         params = [s.params for s in seqs]
         blocked = [i for i, s in enumerate(seqs) if s.num_output_tokens < s.params.min_tokens]
@@ -67,7 +73,7 @@ class Sampler:
             stops = [*seqs[i].params.stop_token_ids, *self.eos_token_ids]
             logits[i, [t for t in stops if t < self.vocab_size]] = float("-inf")
         for i in biased:
-            token_ids, biases = zip(*params[i].logit_bias)
+            token_ids, biases = zip(*params[i].logit_bias, strict=True)
             logits[i, list(token_ids)] += torch.tensor(biases, device=logits.device)
         if penalised:
             self._apply_penalties(logits, [seqs[i] for i in penalised], penalised)
@@ -106,7 +112,9 @@ class Sampler:
         repetition = torch.tensor([s.params.repetition_penalty for s in seqs], device=device)[:, None]
         if (repetition != 1.0).any():
             seen = counts([list(s.all_token_ids) for s in seqs]) > 0
-            selected = torch.where(seen, torch.where(selected > 0, selected / repetition, selected * repetition), selected)
+            selected = torch.where(
+                seen, torch.where(selected > 0, selected / repetition, selected * repetition), selected
+            )
         frequency = torch.tensor([s.params.frequency_penalty for s in seqs], device=device)[:, None]
         presence = torch.tensor([s.params.presence_penalty for s in seqs], device=device)[:, None]
         selected = selected - frequency * output_counts - presence * (output_counts > 0)
@@ -122,10 +130,14 @@ class Sampler:
         noise = torch.empty_like(probs)
         unseeded = [i for i, s in enumerate(seqs) if s.seed is None]
         if unseeded:
-            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=device).exponential_(generator=self.generator)
+            noise[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=device).exponential_(
+                generator=self.generator
+            )
         for i, seq in enumerate(seqs):
             if seq.seed is not None:
-                generator = torch.Generator(device=device).manual_seed(hash((seq.seed, len(seq.all_token_ids))) & (2**63 - 1))
+                generator = torch.Generator(device=device).manual_seed(
+                    hash((seq.seed, len(seq.all_token_ids))) & (2**63 - 1)
+                )
                 noise[i].exponential_(generator=generator)
         return argmax_rows(probs / noise)
 
@@ -149,7 +161,9 @@ class Sampler:
         return torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
 
     @staticmethod
-    def _logprobs(logprobs: torch.Tensor, seqs: Sequence[ScheduledSequence], rows: list[int], tokens: list[int]) -> dict[int, TokenLogprobs]:
+    def _logprobs(
+        logprobs: torch.Tensor, seqs: Sequence[ScheduledSequence], rows: list[int], tokens: list[int]
+    ) -> dict[int, TokenLogprobs]:
         result = {}
         max_top = max(seqs[i].params.logprobs for i in rows)
         top_values, top_ids = logprobs[rows].topk(max(1, max_top), dim=-1)
@@ -157,7 +171,7 @@ class Sampler:
         top_values, top_ids = top_values.tolist(), top_ids.tolist()
         for row_number, i in enumerate(rows):
             k = seqs[i].params.logprobs
-            top = list(zip(top_ids[row_number][:k], top_values[row_number][:k]))
+            top = list(zip(top_ids[row_number][:k], top_values[row_number][:k], strict=True))
             result[seqs[i].seq_id] = TokenLogprobs(tokens[i], chosen[row_number], top)
         return result
 
@@ -187,7 +201,11 @@ def sample_each_alone_on_failure(
     is alone (a cost paid only on failure).
     """
     broken = (~(logits.amax(dim=-1) < float("inf"))).tolist()  # a row's maximum is NaN or +inf iff it holds one
-    errors = {s.seq_id: "the model produced non-finite logits for this sequence" for s, bad in zip(seqs, broken) if bad}
+    errors = {
+        s.seq_id: "the model produced non-finite logits for this sequence"
+        for s, bad in zip(seqs, broken, strict=True)
+        if bad
+    }
     rows = [i for i, bad in enumerate(broken) if not bad]
     groups = [rows] if rows else []
     tokens: dict[int, int] = {}
@@ -204,6 +222,6 @@ def sample_each_alone_on_failure(
             log.warning("sampling failed", seq_id=group_seqs[0].seq_id, error=f"{type(exc).__name__}: {exc}")
             errors[group_seqs[0].seq_id] = "sampling failed for this sequence's parameters"
             continue
-        tokens.update((s.seq_id, t) for s, t in zip(group_seqs, group_tokens))
+        tokens.update((s.seq_id, t) for s, t in zip(group_seqs, group_tokens, strict=True))
         logprobs.update(group_logprobs)
     return ExecutionOutput(tokens, logprobs, errors)

@@ -102,7 +102,7 @@ class AttentionBackendContract:
         generator = torch.Generator().manual_seed(seed)
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_size)
         k_cache, v_cache = torch.full(shape, POISON), torch.full(shape, -POISON)
-        for seq, length in zip(step.sequences, step.context_lens):
+        for seq, length in zip(step.sequences, step.context_lens, strict=True):
             positions = torch.arange(int(length))
             blocks = torch.tensor(seq.block_table)[positions // self.block_size]
             offsets = positions % self.block_size
@@ -112,7 +112,9 @@ class AttentionBackendContract:
 
     def queries(self, step: StepLayout, device: torch.device, seed: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(seed + 1)
-        return torch.randn(len(step.input_ids), self.num_heads, self.head_size, generator=generator).to(device, self.dtype)
+        return torch.randn(len(step.input_ids), self.num_heads, self.head_size, generator=generator).to(
+            device, self.dtype
+        )
 
     def fresh(self, step: StepLayout, cache: torch.Tensor) -> torch.Tensor:
         """This step's keys (or values), ``[T, kv_heads, head_size]``, read back from their slots."""
@@ -133,20 +135,26 @@ class AttentionBackendContract:
             new = torch.arange(seq.start_position, seq.start_position + len(seq.token_ids))
             mask = positions[None, :] <= new[:, None]  # [new, context]
             q = query[rows].cpu().float().transpose(0, 1)  # [heads, new, head_size]
-            attended = F.scaled_dot_product_attention(q, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale)
+            attended = F.scaled_dot_product_attention(
+                q, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale
+            )
             out[rows] = attended.transpose(0, 1)
         return out
 
     def attend(self, backend: AttentionBackend, step: StepLayout, device: torch.device, seed: int):
         """The backend's output for ``step``, and the reference's."""
         cache_dtype = backend.configure(device, self.dtype)
-        assert cache_dtype == self.dtype, f"configure changed the cache dtype {self.dtype} to {cache_dtype}: set the contract's dtype"
+        assert cache_dtype == self.dtype, (
+            f"configure changed the cache dtype {self.dtype} to {cache_dtype}: set the contract's dtype"
+        )
         k_cache, v_cache = self.caches(step, device, seed)
         query = self.queries(step, device, seed)
         slot_mapping = torch.from_numpy(step.slot_mapping).to(device)
         inputs = backend.inputs(step, slot_mapping)
         scale = self.head_size**-0.5
-        out = backend.attend(query, self.fresh(step, k_cache), self.fresh(step, v_cache), k_cache, v_cache, inputs, scale)
+        out = backend.attend(
+            query, self.fresh(step, k_cache), self.fresh(step, v_cache), k_cache, v_cache, inputs, scale
+        )
         return out, self.reference(step, query, k_cache, v_cache, scale)
 
     # ------------------------------------------------------------------ the checks
@@ -194,6 +202,8 @@ class AttentionBackendContract:
         slot_mapping = torch.from_numpy(step.slot_mapping).to(device)
         inputs = backend.graph_inputs(slot_mapping, tables, lengths, self.block_size)
         scale = self.head_size**-0.5
-        out = backend.attend(query, self.fresh(step, k_cache), self.fresh(step, v_cache), k_cache, v_cache, inputs, scale)
+        out = backend.attend(
+            query, self.fresh(step, k_cache), self.fresh(step, v_cache), k_cache, v_cache, inputs, scale
+        )
         torch.testing.assert_close(out.cpu().float(), expected, **self.tolerance)
         torch.testing.assert_close(out, eager, **self.tolerance)

@@ -140,7 +140,9 @@ class WeightCache:
         except FileNotFoundError:
             return None
         except Exception as exc:  # whatever the bytes say, a bad entry is rebuilt, never trusted
-            log.warning("weight cache entry is corrupt; rebuilding it", entry=str(path), problem=f"{type(exc).__name__}: {exc}")
+            log.warning(
+                "weight cache entry is corrupt; rebuilding it", entry=str(path), problem=f"{type(exc).__name__}: {exc}"
+            )
             path.unlink(missing_ok=True)
             return None
         os.utime(path)  # the least recently read entries are evicted first
@@ -150,7 +152,9 @@ class WeightCache:
         """Write ``objects`` under ``key`` (atomically), then evict down to ``max_bytes``; a failed write only logs."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=self.directory, prefix=f".{key}.", suffix=".tmp", delete=False) as file:
+            with tempfile.NamedTemporaryFile(
+                dir=self.directory, prefix=f".{key}.", suffix=".tmp", delete=False
+            ) as file:
                 temporary = Path(file.name)
                 try:
                     size = write_entry(file, objects)
@@ -195,7 +199,9 @@ def load_or_build(cache: WeightCache | None, model: Path, settings: Mapping[str,
     key = cache.key(model, build_settings(**settings))
     objects = cache.load(key)
     if objects is not None:
-        log.info("weights read from the cache", entry=str(cache.path(key)), seconds=round(time.perf_counter() - started, 2))
+        log.info(
+            "weights read from the cache", entry=str(cache.path(key)), seconds=round(time.perf_counter() - started, 2)
+        )
         return objects
     objects = build()
     cache.store(key, objects)
@@ -230,7 +236,14 @@ class _Writer(pickle.Pickler):
             if obj.device.type != "cpu" or obj.layout != torch.strided:
                 raise pickle.PicklingError(f"cannot cache a {obj.layout} tensor on {obj.device}")
             raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return ("tensor", self._array(obj, raw, {"kind": "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape)}))
+            return (
+                "tensor",
+                self._array(
+                    obj,
+                    raw,
+                    {"kind": "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape)},
+                ),
+            )
         if type(obj).__module__.startswith("numba.") and hasattr(obj, "py_func"):  # a compiled kernel: by name
             return ("global", obj.py_func.__module__, obj.py_func.__qualname__)
         return None
@@ -278,17 +291,19 @@ def write_entry(file: Any, objects: Any) -> int:
     writer.dump(objects)
     checksum = xxhash.xxh3_128(structure.getbuffer())
     offset = 0
-    for record, array in zip(writer.table, writer.arrays):
+    for record, array in zip(writer.table, writer.arrays, strict=True):
         offset += _padding(offset)
         record.update(offset=offset, nbytes=array.nbytes)
         offset += array.nbytes
         checksum.update(memoryview(array).cast("B"))
-    table = json.dumps({"arrays": writer.table, "structure": structure.tell(), "data": offset, "checksum": checksum.hexdigest()}).encode()
+    table = json.dumps(
+        {"arrays": writer.table, "structure": structure.tell(), "data": offset, "checksum": checksum.hexdigest()}
+    ).encode()
     head = MAGIC + len(table).to_bytes(8, "little") + table + structure.getbuffer()
     file.write(head)
     file.write(bytes(_padding(len(head))))
     written = 0
-    for record, array in zip(writer.table, writer.arrays):
+    for record, array in zip(writer.table, writer.arrays, strict=True):
         file.write(bytes(record["offset"] - written))
         file.write(memoryview(array).cast("B"))
         written = record["offset"] + array.nbytes

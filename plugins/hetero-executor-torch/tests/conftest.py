@@ -15,12 +15,22 @@ torch.set_num_threads(2)
 
 
 LLAMA3_ROPE = {  # Llama 3.1's scaling, its original context short enough to scale some of a tiny head's frequencies
-    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
 }
 
 
 def write_tiny_model(
-    folder: Path, *, architecture: str = "llama", tie: bool = False, seed: int = 0, intermediate_size: int = 96, hidden_size: int = 64
+    folder: Path,
+    *,
+    architecture: str = "llama",
+    tie: bool = False,
+    seed: int = 0,
+    intermediate_size: int = 96,
+    hidden_size: int = 64,
 ) -> Path:
     """A random 2-layer model with grouped-query attention, saved as config.json + safetensors (Qwen3's
     heads are wider than ``hidden_size / num_attention_heads``, as its real models' are; ``llama3`` is a
@@ -49,7 +59,9 @@ def write_tiny_model(
                 layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
                 layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
     elif architecture == "llama3":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, rope_scaling=dict(LLAMA3_ROPE, rope_theta=common["rope_theta"])))
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**common, rope_scaling=dict(LLAMA3_ROPE, rope_theta=common["rope_theta"]))
+        )
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     model.save_pretrained(folder, safe_serialization=True)
@@ -80,10 +92,17 @@ GGUF_NAMES = {
     "lm_head.weight": "output.weight",
 }
 GGUF_LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
 
 
@@ -135,7 +154,9 @@ def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
     from safetensors.numpy import load_file
 
     config = json.loads((folder / "config.json").read_text())
-    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[config["architectures"][0]]
+    arch = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[
+        config["architectures"][0]
+    ]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     writer = gguf.GGUFWriter(str(path), arch)
@@ -156,7 +177,11 @@ def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
         writer.add_tensor("rope_freqs.weight", rope_divisors(folder))
 
     def interleave(weight: np.ndarray, count: int) -> np.ndarray:  # llama.cpp's permute, undone by the loader
-        return weight.reshape(count, 2, weight.shape[0] // count // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+        return (
+            weight.reshape(count, 2, weight.shape[0] // count // 2, *weight.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(weight.shape)
+        )
 
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         if name in GGUF_NAMES:
@@ -170,8 +195,16 @@ def write_tiny_gguf(folder: Path, path: Path, weight_type: Any = None) -> Path:
             tensor = interleave(tensor, heads if ".attn_q." in target else kv_heads)
         if weight_type is not None and tensor.ndim == 2:
             # as llama.cpp's quantizer does, Q8_0 where a row is not a whole number of the type's blocks
-            kind = weight_type if tensor.shape[1] % gguf.GGML_QUANT_SIZES[weight_type][0] == 0 else gguf.GGMLQuantizationType.Q8_0
-            quantize = quantize_q6_k if kind == gguf.GGMLQuantizationType.Q6_K else functools.partial(gguf.quants.quantize, qtype=kind)
+            kind = (
+                weight_type
+                if tensor.shape[1] % gguf.GGML_QUANT_SIZES[weight_type][0] == 0
+                else gguf.GGMLQuantizationType.Q8_0
+            )
+            quantize = (
+                quantize_q6_k
+                if kind == gguf.GGMLQuantizationType.Q6_K
+                else functools.partial(gguf.quants.quantize, qtype=kind)
+            )
             writer.add_tensor(target, quantize(tensor), raw_dtype=kind)
         else:
             writer.add_tensor(target, tensor)

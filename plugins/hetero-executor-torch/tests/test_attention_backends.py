@@ -107,7 +107,9 @@ def test_a_plugin_backend_gives_the_plain_tokens(tiny_model, plain_tokens, monke
 
 def test_a_backend_object_gives_the_plain_tokens(tiny_model, plain_tokens) -> None:
     backend = CountingAttention()
-    engine = tiny_engine(tiny_model, max_total_tokens=7, executor={"name": "torch", "dtype": "float32", "attention": backend})
+    engine = tiny_engine(
+        tiny_model, max_total_tokens=7, executor={"name": "torch", "dtype": "float32", "attention": backend}
+    )
     assert isinstance(backend, AttentionBackend)
     assert tokens(engine) == plain_tokens
     assert backend.calls > 0
@@ -116,7 +118,9 @@ def test_a_backend_object_gives_the_plain_tokens(tiny_model, plain_tokens) -> No
 def test_an_unknown_name_lists_the_backends(tiny_model, monkeypatch) -> None:
     loadable(monkeypatch, CountingAttention)
     config = EngineConfig.from_mapping({"model": str(tiny_model), "plugins": {"load": [PLUGIN]}})
-    with pytest.raises(ConfigError, match="must be one of auto, counting, numba, (numba-cuda, )?torch; got 'flash'") as raised:
+    with pytest.raises(
+        ConfigError, match="must be one of auto, counting, numba, (numba-cuda, )?torch; got 'flash'"
+    ) as raised:
         tiny_engine(tiny_model, plugins={"load": [PLUGIN]}, executor={"name": "torch", "attention": "flash"})
     assert raised.value.param == "attention"
     assert AttentionBackends.for_config(config).plugin("counting") == PLUGIN
@@ -127,7 +131,9 @@ def test_the_built_in_backends_register_through_the_hook() -> None:
     assert backends.names() == ["numba", "torch"] and {backends.plugin(n) for n in backends.names()} == {"torch"}
     assert resolve("auto", torch.device("cpu"), backends).name == "numba"
     assert resolve("auto", torch.device("cuda"), backends).name == "torch"  # resolving builds no tensor
-    assert AttentionBackends(create_plugin_manager(entry_points=False)).names() == []  # no torch plugin: no hook, no names
+    assert (
+        AttentionBackends(create_plugin_manager(entry_points=False)).names() == []
+    )  # no torch plugin: no hook, no names
 
 
 def test_a_name_registered_twice_names_both_plugins() -> None:
@@ -156,9 +162,13 @@ def test_a_factory_that_fails_or_returns_no_backend_is_refused_naming_its_plugin
         raise OSError("no device")
 
     backends = AttentionBackends(with_torch_plugin((BackendPlugin(failing=failing, nothing=object), "odd")))
-    with pytest.raises(ConfigError, match=r"attention backend 'failing' \(plugin 'odd'\) failed to start: OSError: no device"):
+    with pytest.raises(
+        ConfigError, match=r"attention backend 'failing' \(plugin 'odd'\) failed to start: OSError: no device"
+    ):
         backends.create("failing")
-    with pytest.raises(ConfigError, match=r"'nothing' \(plugin 'odd'\) does not provide the AttentionBackend interface"):
+    with pytest.raises(
+        ConfigError, match=r"'nothing' \(plugin 'odd'\) does not provide the AttentionBackend interface"
+    ):
         backends.create("nothing")
 
 
@@ -181,9 +191,19 @@ def test_an_object_that_is_no_backend_is_refused(tiny_model) -> None:
 
 def test_graphs_are_refused_by_name_for_a_backend_without_them(tiny_model) -> None:
     with pytest.raises(ConfigError, match="'counting' does not support decode graphs") as raised:
-        TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", decode_graphs=True, attention=CountingAttention(supports_graphs=False))
+        TorchExecutor(
+            EngineConfig(model=str(tiny_model)),
+            dtype="float32",
+            decode_graphs=True,
+            attention=CountingAttention(supports_graphs=False),
+        )
     assert raised.value.param == "decode_graphs"
-    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", decode_graphs="auto", attention=CountingAttention(supports_graphs=False))
+    executor = TorchExecutor(
+        EngineConfig(model=str(tiny_model)),
+        dtype="float32",
+        decode_graphs="auto",
+        attention=CountingAttention(supports_graphs=False),
+    )
     assert not executor.uses_graphs
 
 

@@ -38,7 +38,17 @@ def test_bfloat16_rope_and_cache_writes_round_as_the_torch_ops() -> None:
     slots = tables[:, 0].long() * BLOCK_SIZE
     out = torch.empty(batch, heads, head_size, dtype=torch.bfloat16)
     cpu_fused.rotary_decode_attention(
-        kernel_array(out), kernel_array(qkv), kernel_array(cos), kernel_array(sin), kernel_array(k_cache), kernel_array(v_cache), slots.numpy(), tables.numpy(), torch.ones(batch, dtype=torch.int32).numpy(), heads, 0.125
+        kernel_array(out),
+        kernel_array(qkv),
+        kernel_array(cos),
+        kernel_array(sin),
+        kernel_array(k_cache),
+        kernel_array(v_cache),
+        slots.numpy(),
+        tables.numpy(),
+        torch.ones(batch, dtype=torch.int32).numpy(),
+        heads,
+        0.125,
     )
     parts = qkv.view(batch, heads + 2 * kv_heads, head_size)
     keys = LlamaModel.rotate(parts[:, heads : heads + kv_heads], cos[:, None], sin[:, None])
@@ -81,8 +91,14 @@ def scheduled(seq_id: int, tokens: list[int], start: int, table: list[int]) -> S
 STEPS = {
     # three prompts of 1, 7 and 13 tokens are in the cache; each step adds to them
     "decodes": lambda prompts, tables: [scheduled(i, [*p, 5 + i], len(p), tables[i]) for i, p in enumerate(prompts)],
-    "chunks": lambda prompts, tables: [scheduled(0, [*prompts[0], 9, 8, 7], len(prompts[0]), tables[0]), scheduled(3, [4] * 9, 0, tables[3])],
-    "mixed": lambda prompts, tables: [scheduled(1, [*prompts[1], 6], len(prompts[1]), tables[1]), scheduled(2, [*prompts[2], 1, 2, 3, 4], len(prompts[2]), tables[2])],
+    "chunks": lambda prompts, tables: [
+        scheduled(0, [*prompts[0], 9, 8, 7], len(prompts[0]), tables[0]),
+        scheduled(3, [4] * 9, 0, tables[3]),
+    ],
+    "mixed": lambda prompts, tables: [
+        scheduled(1, [*prompts[1], 6], len(prompts[1]), tables[1]),
+        scheduled(2, [*prompts[2], 1, 2, 3, 4], len(prompts[2]), tables[2]),
+    ],
 }
 
 
@@ -105,18 +121,34 @@ def test_a_step_matches_the_torch_ops(tiny_model, dtype, kind) -> None:
         fused_caches = [(k.clone(), v.clone()) for k, v in kv_caches]
         executor.model.fused = None
         plain = executor.model.hidden_states(input_ids, positions, attention, kv_caches)
-    tolerance = dict(atol=1e-6, rtol=1e-4) if dtype == "float32" else dict(atol=1e-3, rtol=1e-2)  # hidden states of order 0.1
+    tolerance = (
+        dict(atol=1e-6, rtol=1e-4) if dtype == "float32" else dict(atol=1e-3, rtol=1e-2)
+    )  # hidden states of order 0.1
     torch.testing.assert_close(fused, plain, **tolerance)
-    for (k_fused, v_fused), (k_plain, v_plain) in zip(fused_caches, kv_caches):
+    for (k_fused, v_fused), (k_plain, v_plain) in zip(fused_caches, kv_caches, strict=True):
         torch.testing.assert_close(k_fused.float(), k_plain.float(), **tolerance)
         torch.testing.assert_close(v_fused.float(), v_plain.float(), **tolerance)
 
 
-@pytest.mark.parametrize("dtype, kv_cache_dtype, fused", [("bfloat16", "auto", True), ("float32", "auto", True), ("float32", "bfloat16", False)])
+@pytest.mark.parametrize(
+    "dtype, kv_cache_dtype, fused",
+    [("bfloat16", "auto", True), ("float32", "auto", True), ("float32", "bfloat16", False)],
+)
 def test_fused_steps_need_the_cache_in_the_model_dtype(tiny_model, dtype, kv_cache_dtype, fused) -> None:
-    executor = TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", attention="numba")
+    executor = TorchExecutor(
+        EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", attention="numba"
+    )
     assert (executor.model.fused is not None) == fused
-    assert TorchExecutor(EngineConfig(model=str(tiny_model)), dtype=dtype, kv_cache_dtype=kv_cache_dtype, device="cpu", attention="torch").model.fused is None
+    assert (
+        TorchExecutor(
+            EngineConfig(model=str(tiny_model)),
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            device="cpu",
+            attention="torch",
+        ).model.fused
+        is None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +173,9 @@ def decode_step(executor: TorchExecutor, sequences: int) -> torch.Tensor:
 
 
 def int4_executor(model, dtype: str) -> TorchExecutor:
-    executor = TorchExecutor(EngineConfig(model=str(model)), dtype=dtype, weights="int4", device="cpu", attention="numba")
+    executor = TorchExecutor(
+        EngineConfig(model=str(model)), dtype=dtype, weights="int4", device="cpu", attention="numba"
+    )
     if executor.model.fused.vnni_rows == 0:
         pytest.skip("no VNNI int4 kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     return executor
@@ -160,7 +194,9 @@ def test_a_layer_in_one_call_computes_its_kernels_calls(int4_ready_model, sequen
 def test_tiled_layers_in_one_call_compute_their_kernels_calls(int4_ready_model) -> None:
     """bfloat16, three sequences: a decode step through ``cpu_layer`` on the tiled int4 kernel equals
     the same kernels called one by one, bit for bit."""
-    executor = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba")
+    executor = TorchExecutor(
+        EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba"
+    )
     fused = executor.model.fused
     if fused.tiled_rows == 0:
         pytest.skip("no tiled int4 kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set)")
@@ -174,16 +210,25 @@ def test_without_small_batch_kernels_the_vnni_layout_alone_serves_and_a_few_rows
     """``small_batch_kernels: false`` holds 4-bit weights in the VNNI layout only: one sequence still runs
     the one-call layers on it; three widen the same weights, computing what the default's kernels do."""
     lean = TorchExecutor(
-        EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba", small_batch_kernels=False
+        EngineConfig(model=str(int4_ready_model)),
+        dtype="bfloat16",
+        weights="int4",
+        device="cpu",
+        attention="numba",
+        small_batch_kernels=False,
     )
     if lean.model.fused.vnni_rows == 0:
         pytest.skip("no VNNI int4 kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     layer = lean.model.layers[0].gate_up
     assert layer.packed is layer.vnni and lean.model.fused.tiled_rows == 0
-    default = TorchExecutor(EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba")
+    default = TorchExecutor(
+        EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba"
+    )
     for sequences in (1, 3):
         expected = decode_step(default, sequences)
-        torch.testing.assert_close(decode_step(lean, sequences), expected, atol=0.05 * float(expected.abs().max()), rtol=0)
+        torch.testing.assert_close(
+            decode_step(lean, sequences), expected, atol=0.05 * float(expected.abs().max()), rtol=0
+        )
 
 
 def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model) -> None:
@@ -203,9 +248,15 @@ def test_8_bit_layers_in_one_call_compute_their_kernels_calls(int4_ready_model, 
     for its blocks of 256) run in the one-call layer on ``cpu_int4.matmul8``, equal to the same kernels
     called one by one."""
     gguf = pytest.importorskip("gguf")
-    model = int4_ready_model if weight_type != "Q6_K" else write_tiny_model(tmp_path / "wide", hidden_size=256, intermediate_size=256)
+    model = (
+        int4_ready_model
+        if weight_type != "Q6_K"
+        else write_tiny_model(tmp_path / "wide", hidden_size=256, intermediate_size=256)
+    )
     path = write_tiny_gguf(model, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
-    executor = TorchExecutor(EngineConfig(model=str(path)), dtype="float32", weights="int4", device="cpu", attention="numba")
+    executor = TorchExecutor(
+        EngineConfig(model=str(path)), dtype="float32", weights="int4", device="cpu", attention="numba"
+    )
     if executor.model.fused.vnni_rows == 0:
         pytest.skip("no VNNI kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     one_call = decode_step(executor, 2)

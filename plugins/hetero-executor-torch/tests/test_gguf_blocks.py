@@ -25,8 +25,17 @@ from .test_quantized import activation_steps, assert_within
 T = gguf.GGMLQuantizationType
 CPU = torch.device("cpu")
 F16_FIELDS = {  # byte offsets of each block's f16 factors
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.IQ4_NL: (0,),
-    T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q2_K: (80, 82), T.Q6_K: (208,),
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q8_0: (0,),
+    T.IQ4_NL: (0,),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q2_K: (80, 82),
+    T.Q6_K: (208,),
 }
 
 
@@ -53,8 +62,8 @@ def test_each_packed_type_reads_back_exactly_what_gguf_dequantizes(kind: T) -> N
     for values, size in ((eight, 32), (fine, 16)):
         if values is not None:  # the 8-bit values and factors are exact
             q, scale, offset = (np.ascontiguousarray(a).reshape(4, -1) for a in values)
-            groups = lambda a: np.repeat(a, size, axis=1)  # noqa: E731
-            np.testing.assert_array_equal(q.astype(np.float32) * groups(scale) + groups(offset), expected)
+            widened = q.astype(np.float32) * np.repeat(scale, size, axis=1) + np.repeat(offset, size, axis=1)
+            np.testing.assert_array_equal(widened, expected)
     form = group_form(raw, kind)
     assert isinstance(form, GroupQuantized if eight is None and fine is None else ByteQuantized)
     if isinstance(form, ByteQuantized):
@@ -79,7 +88,11 @@ def test_each_packed_type_runs_as_it_dequantizes(kind: T, rows: int) -> None:
     assert_within(linear(x), x @ dense.T, activation_steps(x, dense, 32639), 1e-5)
 
 
-@pytest.mark.parametrize("kind", sorted(k for k in PACKED_TYPES if eight_bit(random_blocks(k, 1, 256, 0), k) is not None), ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "kind",
+    sorted(k for k in PACKED_TYPES if eight_bit(random_blocks(k, 1, 256, 0), k) is not None),
+    ids=lambda k: k.name,
+)
 def test_each_8_bit_type_runs_on_torchs_int4_kernel_as_two_halves(kind: T) -> None:
     """The path of CPUs without AVX-512 VNNI: torch's packed int4 kernel on the two 4-bit halves."""
     raw = random_blocks(kind, rows=48, inputs=512, seed=int(kind) + 200)

@@ -18,10 +18,19 @@ from hetero_executor_torch.graphs import CheckedReplay, NotCapturableError, batc
 
 from .conftest import tiny_engine
 
-PROMPTS = ["The first prompt", "a second, longer prompt that spans several blocks", "x", "The first prompt again", "yy" * 30]
+PROMPTS = [
+    "The first prompt",
+    "a second, longer prompt that spans several blocks",
+    "x",
+    "The first prompt again",
+    "yy" * 30,
+]
 GREEDY = GenerationParams(temperature=0.0, max_tokens=30, ignore_eos=True)
 SEEDED = GenerationParams(temperature=0.9, top_p=0.9, max_tokens=30, ignore_eos=True, seed=7, n=2)
-DEVICE = {"torch": "auto", "numba": "cpu"}  # the numba backend is the CPU kernel; torch's runs on CUDA where there is one
+DEVICE = {
+    "torch": "auto",
+    "numba": "cpu",
+}  # the numba backend is the CPU kernel; torch's runs on CUDA where there is one
 
 
 def test_buckets() -> None:
@@ -60,7 +69,11 @@ def eager(tiny_model):
 )
 def test_graph_decodes_give_the_eager_tokens(tiny_model, eager, attention: str, overrides: dict) -> None:
     device = DEVICE[attention]
-    engine = tiny_engine(tiny_model, executor={"name": "torch", "dtype": "float32", "device": device, "decode_graphs": True, "attention": attention}, **overrides)
+    engine = tiny_engine(
+        tiny_model,
+        executor={"name": "torch", "dtype": "float32", "device": device, "decode_graphs": True, "attention": attention},
+        **overrides,
+    )
     assert generated(engine, GREEDY) == eager(device)["greedy"]
     assert generated(engine, SEEDED) == eager(device)["seeded"]
     graphs = engine.executor.graphs
@@ -85,7 +98,7 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model) -> None:
     executor.execute(ExecutionBatch(seqs, 4))
     written = {(7, 2), (10, 1), (2, 1)}  # (block, offset) of each decode's new token
     scratch = 12
-    for (k, v), (k0, v0) in zip(executor.kv_caches, before):
+    for (k, v), (k0, v0) in zip(executor.kv_caches, before, strict=True):
         for cache, old in ((k, k0), (v, v0)):
             changed = {(b, o) for b, o in (cache != old).any(dim=(2, 3)).nonzero().tolist()}
             assert changed - {(scratch, o) for o in range(4)} == written

@@ -62,8 +62,13 @@ def test_unsupported_architecture_is_a_clear_error(tmp_path) -> None:
 
 def test_a_rope_scaling_the_forward_pass_does_not_compute_is_refused(tmp_path) -> None:
     config = {
-        "architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10,
-        "intermediate_size": 8, "num_hidden_layers": 1, "rope_scaling": {"type": "yarn", "factor": 4.0},
+        "architectures": ["Qwen2ForCausalLM"],
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "vocab_size": 10,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "rope_scaling": {"type": "yarn", "factor": 4.0},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match="unsupported RoPE scaling 'yarn'; supported: default, linear, llama3"):
@@ -98,8 +103,14 @@ def test_a_sliding_window_bounds_the_context(architecture: str, extra: dict, pos
     from hetero_executor_torch.model_config import ModelConfig
 
     config = {
-        "architectures": [architecture], "num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10,
-        "intermediate_size": 8, "num_hidden_layers": 1, "max_position_embeddings": 1024, **extra,
+        "architectures": [architecture],
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "vocab_size": 10,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        "max_position_embeddings": 1024,
+        **extra,
     }
     assert ModelConfig.from_hf(config, "m").max_position_embeddings == positions
 

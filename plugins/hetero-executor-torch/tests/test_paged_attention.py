@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -29,7 +30,7 @@ class RecordingSampler:
         self.logits: dict[int, torch.Tensor] = {}
 
     def __call__(self, logits: torch.Tensor, seqs):
-        for row, seq in zip(logits, seqs):
+        for row, seq in zip(logits, seqs, strict=True):
             self.logits[seq.seq_id] = row.clone()
         return self.sampler(logits, seqs)
 
@@ -59,7 +60,9 @@ def reference(tiny_model, tokens) -> torch.Tensor:
 
 def scheduled(seq_id: int, tokens: list[int], start: int, count: int, table: list[int]) -> ScheduledSequence:
     """``tokens[start:start + count]`` of one sequence, sampling after its last token."""
-    return ScheduledSequence(seq_id, tokens[start : start + count], start, table, True, GREEDY, tokens[: start + count], start + count, None)
+    return ScheduledSequence(
+        seq_id, tokens[start : start + count], start, table, True, GREEDY, tokens[: start + count], start + count, None
+    )
 
 
 def step(executor: TorchExecutor, seq_id: int, tokens: list[int], start: int, count: int, table: list[int]) -> None:
@@ -96,11 +99,13 @@ def test_token_by_token_decode_matches_the_reference_everywhere(executor, tokens
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cuts=st.sets(st.integers(1, LENGTH - 1), max_size=6), shuffle_seed=st.integers(0, 2**16))
-def test_chunked_prefill_matches_the_reference_at_every_chunk_end(executor, tokens, reference, cuts, shuffle_seed) -> None:
+def test_chunked_prefill_matches_the_reference_at_every_chunk_end(
+    executor, tokens, reference, cuts, shuffle_seed
+) -> None:
     table = scattered_table(random.Random(shuffle_seed), LENGTH)
     poison(executor, table)
     bounds = [0, *sorted(cuts), LENGTH]
-    for start, end in zip(bounds, bounds[1:]):
+    for start, end in itertools.pairwise(bounds):
         step(executor, 3, tokens, start, end - start, table)
         torch.testing.assert_close(executor.sampler.logits[3], reference[end - 1], **TOLERANCE)
 
@@ -126,10 +131,14 @@ def test_prefill_and_decodes_in_one_batch_match_the_reference(executor, tokens, 
 
 def test_siblings_sharing_the_prompt_blocks_each_compute_their_last_block(executor, tokens, reference) -> None:
     """Sibling samples read the full prompt blocks one of them computed, in one step, each with its own last block."""
-    blocks = scattered_table(random.Random(3), 4 * BLOCK_SIZE)  # two shared blocks, a last block for each of two siblings
+    blocks = scattered_table(
+        random.Random(3), 4 * BLOCK_SIZE
+    )  # two shared blocks, a last block for each of two siblings
     shared, tails = blocks[:2], blocks[2:]
     poison(executor, blocks)
     step(executor, 20, tokens, 0, 8, shared)
-    executor.execute(ExecutionBatch([scheduled(20 + i, tokens, 8, 3, [*shared, tail]) for i, tail in enumerate(tails)], BLOCK_SIZE))
+    executor.execute(
+        ExecutionBatch([scheduled(20 + i, tokens, 8, 3, [*shared, tail]) for i, tail in enumerate(tails)], BLOCK_SIZE)
+    )
     for seq_id in (20, 21):
         torch.testing.assert_close(executor.sampler.logits[seq_id], reference[10], **TOLERANCE)

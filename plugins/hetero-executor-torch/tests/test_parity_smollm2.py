@@ -20,13 +20,18 @@ NEAR_TIE = 0.05
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Write a short poem about the sea."}],
-    [{"role": "system", "content": "You are a terse assistant."}, {"role": "user", "content": "List three prime numbers."}],
+    [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "List three prime numbers."},
+    ],
 ]
 
 
 @pytest.fixture(scope="module")
 def reference():
-    return transformers.AutoModelForCausalLM.from_pretrained(str(MODEL.parent), gguf_file=MODEL.name, dtype=torch.float32)
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(MODEL.parent), gguf_file=MODEL.name, dtype=torch.float32
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,20 +72,28 @@ def test_logits_match_transformers(reference, engine, generations) -> None:
     executor = engine.executor
 
     blocks = -(-len(ids) // engine.config.block_size)
-    ours = executor.prefill_logits(ids, list(range(engine.num_blocks - blocks, engine.num_blocks)))  # the tail of the pool, unused here
+    ours = executor.prefill_logits(
+        ids, list(range(engine.num_blocks - blocks, engine.num_blocks))
+    )  # the tail of the pool, unused here
     torch.testing.assert_close(ours.cpu(), expected, atol=2e-3, rtol=1e-3)
 
 
 def test_batched_equals_single_on_the_real_model(engine, generations) -> None:
     """Alone, and with its system prompt now in the prefix cache, the answer is the same."""
-    single = engine.generate([generations[1].input_tokens], GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True))
+    single = engine.generate(
+        [generations[1].input_tokens], GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    )
     assert single[0].num_cached_tokens > 0
     assert single[0].generated_tokens == generations[1].generated_tokens
 
 
 def test_decode_graphs_give_the_same_tokens_on_the_real_model(generations) -> None:
     """Decode steps replayed from graphs (CUDA graphs, or their CPU stand-in): padded batch and block-table buckets."""
-    engine = InferenceEngine(EngineConfig(executor={"name": "torch", "dtype": "float32", "decode_graphs": True}, max_model_len=512, max_batch_size=3))
+    engine = InferenceEngine(
+        EngineConfig(
+            executor={"name": "torch", "dtype": "float32", "decode_graphs": True}, max_model_len=512, max_batch_size=3
+        )
+    )
     params = GenerationParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     records = engine.generate([r.input_tokens for r in generations], params)
     assert [r.generated_tokens for r in records] == [r.generated_tokens for r in generations]
@@ -100,9 +113,14 @@ def test_prompt_logprobs_match_transformers(reference, engine, generations) -> N
     want = expected.gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
     torch.testing.assert_close(torch.tensor([e.logprob for e in entries]), want, atol=2e-3, rtol=1e-3)
     top_values = expected.topk(5, dim=-1).values
-    torch.testing.assert_close(torch.tensor([[lp for _, lp in e.top] for e in entries]), top_values, atol=2e-3, rtol=1e-3)
-    for position, (entry, target) in enumerate(zip(entries, want)):
-        above, near = int((expected[position] > target + 2e-3).sum()), int(((expected[position] - target).abs() <= 2e-3).sum())
+    torch.testing.assert_close(
+        torch.tensor([[lp for _, lp in e.top] for e in entries]), top_values, atol=2e-3, rtol=1e-3
+    )
+    for position, (entry, target) in enumerate(zip(entries, want, strict=True)):
+        above, near = (
+            int((expected[position] > target + 2e-3).sum()),
+            int(((expected[position] - target).abs() <= 2e-3).sum()),
+        )
         assert above + 1 <= entry.rank <= above + near, f"position {position + 1}: rank {entry.rank}"
 
 
@@ -121,9 +139,13 @@ def test_the_default_engine_decoding_chats_together_stays_with_float32(reference
     for record in (records[i] for i in ids):
         assert len(record.generated_tokens) == NEW_TOKENS
         with torch.inference_mode():
-            logits = reference(torch.tensor([record.input_tokens + record.generated_tokens])).logits[0, len(record.input_tokens) - 1 : -1]
+            logits = reference(torch.tensor([record.input_tokens + record.generated_tokens])).logits[
+                0, len(record.input_tokens) - 1 : -1
+            ]
         for step, token in enumerate(record.generated_tokens):
             expected = int(logits[step].argmax())
             if token != expected:
-                assert float(logits[step, expected] - logits[step, token]) < BF16_NEAR_TIE, f"step {step}: got {token}, float32 picks {expected}"
+                assert float(logits[step, expected] - logits[step, token]) < BF16_NEAR_TIE, (
+                    f"step {step}: got {token}, float32 picks {expected}"
+                )
                 break

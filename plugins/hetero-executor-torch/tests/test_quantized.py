@@ -16,18 +16,18 @@ from hetero_core.model_source import resolve_model_path
 from hetero_core.params import GenerationParams
 from hetero_core.step_layout import layout
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.plugin import TorchExecutorOptions
 from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.loading import unpermute, unpermute_weight
+from hetero_executor_torch.plugin import TorchExecutorOptions
 from hetero_executor_torch.quantized import (
     PACKED_MAX_ROWS,
     SPLIT_MAX_ROWS,
     TILED_MAX_ROWS,
+    VNNI_MAX_ROWS,
     GroupQuantized,
     PackedLinear,
-    TiledInt4Weights,
-    VNNI_MAX_ROWS,
     SplitInt4Weights,
+    TiledInt4Weights,
     VnniInt8Weights,
     cpu_kernel,
     make_linear,
@@ -78,7 +78,9 @@ def test_q8_0_blocks_split_into_two_4_bit_halves_exactly() -> None:
     weights[0, :32] = np.linspace(-1, 1, 32)  # a group using the whole range, -127..127
     raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType.Q8_0)
     split = group_form(raw, gguf.GGMLQuantizationType.Q8_0)
-    np.testing.assert_array_equal(split.dequantize().numpy(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0))
+    np.testing.assert_array_equal(
+        split.dequantize().numpy(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0)
+    )
     high, low = split.halves()
     np.testing.assert_array_equal((high.dequantize() + low.dequantize()).numpy(), split.dequantize().numpy())
     for half in (high, low):
@@ -104,7 +106,12 @@ def test_int4_from_dense_errs_at_most_half_a_step(rows: int, out_blocks: int, in
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("rows", sorted({1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, TILED_MAX_ROWS, TILED_MAX_ROWS + 1}))
+@pytest.mark.parametrize(
+    "rows",
+    sorted(
+        {1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, TILED_MAX_ROWS, TILED_MAX_ROWS + 1}
+    ),
+)
 def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtype: torch.dtype, rows: int) -> None:
     torch.manual_seed(0)
     weight, bias = torch.randn(80, 128) * 0.05, torch.randn(80)
@@ -116,7 +123,9 @@ def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtyp
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     assert_within(linear(x.to(dtype)).float(), expected, activation_steps(x, held), tolerance)
     step = 1 / 15 if fmt == "int4" else 1 / 127
-    assert float((held - weight).abs().max()) <= step * float(weight.abs().max()) * 2  # and those are close to the originals
+    assert (
+        float((held - weight).abs().max()) <= step * float(weight.abs().max()) * 2
+    )  # and those are close to the originals
 
 
 @pytest.mark.parametrize("rows", [0, 1, 33, 300])
@@ -134,7 +143,10 @@ def test_dense_bf16_weights_run_blocked_as_f_linear_runs_them(rows: int) -> None
 def test_an_embedding_table_keeps_its_plain_weights_for_lookups() -> None:
     weight = torch.randn(80, 96).bfloat16()
     ids = torch.tensor([0, 5, 79])
-    for table in (make_linear(weight, None, "dense", torch.bfloat16, CPU, table=True), make_linear(weight, None, "dense", torch.float32, CPU)):
+    for table in (
+        make_linear(weight, None, "dense", torch.bfloat16, CPU, table=True),
+        make_linear(weight, None, "dense", torch.float32, CPU),
+    ):
         torch.testing.assert_close(table.embed(ids).float(), weight[ids].float())
 
 
@@ -170,7 +182,9 @@ def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -
     linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
     assert isinstance(linear.packed, TiledInt4Weights) == kernel_here("cpu_int4_tiles")
     if not kernel_here("cpu_int4_tiles"):
-        pytest.skip("no tiled kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set): torch's int4 kernel rounds its scales to bf16")
+        pytest.skip(
+            "no tiled kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set): torch's int4 kernel rounds its scales to bf16"
+        )
     for rows in sorted({VNNI_MAX_ROWS + 1, (VNNI_MAX_ROWS + 1 + linear.max_rows) // 2, linear.max_rows}):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
         expected = x.float() @ dense.T
@@ -211,7 +225,9 @@ def test_a_quantized_checkpoint_computes_the_same_function_at_every_batch_size(t
     whole = our_logits(packed, ids)
     decoded = torch.cat([one_token_logits(packed, ids[6], 6), one_token_logits(packed, ids[7], 7)])
     torch.testing.assert_close(decoded, whole[6:], atol=1e-4, rtol=1e-4)
-    dense = our_logits(TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", weights="dense"), ids)
+    dense = our_logits(
+        TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", weights="dense"), ids
+    )
     assert float((dense - whole).abs().max()) < 0.25 * float(dense.abs().max())
 
 
@@ -219,14 +235,18 @@ def one_token_logits(executor: TorchExecutor, token: int, position: int) -> torc
     """A decode of one token after :func:`our_logits` wrote positions 0.. into slots 8.. (blocks 2..),
     through the executor's own attention backend."""
     blocks = list(range(2, 2 + position // 4 + 1))
-    sequence = ScheduledSequence(0, [token], position, blocks, True, GenerationParams(temperature=0.0), [token] * (position + 1), position, None)
+    sequence = ScheduledSequence(
+        0, [token], position, blocks, True, GenerationParams(temperature=0.0), [token] * (position + 1), position, None
+    )
     with torch.inference_mode():
         return executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], 4))))
 
 
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 @pytest.mark.parametrize("tile_weights", [1 << 20, 16 * 128], ids=["one tile", "tiles of 16 outputs"])
-def test_many_rows_widen_the_packed_weights_as_the_dense_copy_holds_them(monkeypatch, fmt: str, tile_weights: int) -> None:
+def test_many_rows_widen_the_packed_weights_as_the_dense_copy_holds_them(
+    monkeypatch, fmt: str, tile_weights: int
+) -> None:
     """No dense copy by default: a step of more rows than the packed kernels take widens the weights
     a tile of outputs at a time, and computes what the opt-in dense copy computes."""
     monkeypatch.setattr("hetero_executor_torch.quantized.TILE_WEIGHTS", tile_weights)
@@ -246,7 +266,14 @@ def test_many_rows_widen_the_packed_weights_as_the_dense_copy_holds_them(monkeyp
 def test_the_embedded_model_holds_no_dense_copy_unless_asked(smollm2_tensors) -> None:
     for dense_copy in (False, True):
         linears = [
-            make_linear(group_form(smollm2_tensors[name].data, smollm2_tensors[name].tensor_type), None, "auto", torch.bfloat16, CPU, dense_copy=dense_copy)
+            make_linear(
+                group_form(smollm2_tensors[name].data, smollm2_tensors[name].tensor_type),
+                None,
+                "auto",
+                torch.bfloat16,
+                CPU,
+                dense_copy=dense_copy,
+            )
             for name in ("blk.0.ffn_gate.weight", "token_embd.weight")
         ]
         assert all((linear.dense_linear is not None) == dense_copy for linear in linears)

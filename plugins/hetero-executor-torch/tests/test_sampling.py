@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hetero_core.batch import ScheduledSequence
 from hetero_core.params import GenerationParams
@@ -15,9 +16,21 @@ from hetero_executor_torch.sampling import Sampler, argmax_rows, sample_each_alo
 VOCAB = 16
 
 
-def seq(params: GenerationParams, history: list[int] | None = None, *, seq_id: int = 0, prompt: int = 1, seed=None) -> ScheduledSequence:
+def seq(
+    params: GenerationParams, history: list[int] | None = None, *, seq_id: int = 0, prompt: int = 1, seed=None
+) -> ScheduledSequence:
     tokens = history if history is not None else [0]
-    return ScheduledSequence(seq_id, tokens[-1:], len(tokens) - 1, [0], True, params, tokens, prompt, seed if seed is not None else params.seed)
+    return ScheduledSequence(
+        seq_id,
+        tokens[-1:],
+        len(tokens) - 1,
+        [0],
+        True,
+        params,
+        tokens,
+        prompt,
+        seed if seed is not None else params.seed,
+    )
 
 
 def allowed_tokens(logits: np.ndarray, params: GenerationParams) -> set[int]:
@@ -28,7 +41,7 @@ def allowed_tokens(logits: np.ndarray, params: GenerationParams) -> set[int]:
     probs = np.exp(scaled[keep] - scaled[keep].max())
     probs /= probs.sum()
     kept, mass = [], 0.0
-    for token, p in zip(keep, probs):
+    for token, p in zip(keep, probs, strict=True):
         if mass >= params.top_p - 1e-6 and kept:
             break
         if p < params.min_p * probs[0] - 1e-9 and kept:
@@ -68,7 +81,9 @@ def test_greedy_is_argmax_and_skips_padded_vocabulary() -> None:
 
 def test_penalties_follow_their_definitions() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5] + [0.0] * (VOCAB - 4)])
-    params = GenerationParams(temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25, logprobs=VOCAB)
+    params = GenerationParams(
+        temperature=0.0, repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25, logprobs=VOCAB
+    )
     history = [0, 1, 2, 2]  # prompt [0, 1]; output [2, 2]
     tokens, logprobs = Sampler(VOCAB)(logits, [seq(params, history, prompt=2)])
     expected = logits[0].clone()
@@ -83,7 +98,13 @@ def test_penalties_follow_their_definitions() -> None:
 
 def test_logprobs_are_sorted_and_sized() -> None:
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(1))
-    tokens, logprobs = Sampler(VOCAB)(logits, [seq(GenerationParams(temperature=0.0, logprobs=3), seq_id=7), seq(GenerationParams(temperature=0.0), seq_id=8)])
+    tokens, logprobs = Sampler(VOCAB)(
+        logits,
+        [
+            seq(GenerationParams(temperature=0.0, logprobs=3), seq_id=7),
+            seq(GenerationParams(temperature=0.0), seq_id=8),
+        ],
+    )
     assert set(logprobs) == {7}
     top = logprobs[7].top
     assert len(top) == 3 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
@@ -98,14 +119,21 @@ def test_seeded_rows_do_not_depend_on_the_batch() -> None:
     alone, _ = Sampler(VOCAB, default_seed=1)(target[None], [seq(params)])
     others = torch.randn(3, VOCAB, generator=generator)
     batch = torch.cat([others[:2], target[None], others[2:]])
-    rows = [seq(GenerationParams(temperature=1.0), seq_id=1), seq(GenerationParams(temperature=0.0), seq_id=2), seq(params, seq_id=3), seq(GenerationParams(temperature=0.7), seq_id=4)]
+    rows = [
+        seq(GenerationParams(temperature=1.0), seq_id=1),
+        seq(GenerationParams(temperature=0.0), seq_id=2),
+        seq(params, seq_id=3),
+        seq(GenerationParams(temperature=0.7), seq_id=4),
+    ]
     together, _ = Sampler(VOCAB, default_seed=5)(batch, rows)
     assert together[2] == alone[0]
 
 
 def test_different_seeds_explore_the_distribution() -> None:
     logits = torch.zeros(1, VOCAB)
-    draws = {Sampler(VOCAB)(logits, [seq(GenerationParams(temperature=1.0, top_p=1.0, seed=s))])[0][0] for s in range(200)}
+    draws = {
+        Sampler(VOCAB)(logits, [seq(GenerationParams(temperature=1.0, top_p=1.0, seed=s))])[0][0] for s in range(200)
+    }
     assert len(draws) > VOCAB // 2
 
 
@@ -152,7 +180,9 @@ def test_tiny_temperature_is_greedy_and_tiny_penalties_stay_finite() -> None:
     tokens, _ = sampler(logits, [seq(GenerationParams(temperature=1e-38))])
     assert tokens == [int(logits[0].argmax())]
     params = GenerationParams(temperature=1.0, repetition_penalty=0.01, logprobs=VOCAB, min_tokens=2)
-    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_ids=(0,)), logits, [seq(params, [0, 1, 2, 0], prompt=4)])  # EOS blocked: -inf
+    out = sample_each_alone_on_failure(
+        Sampler(VOCAB, eos_token_ids=(0,)), logits, [seq(params, [0, 1, 2, 0], prompt=4)]
+    )  # EOS blocked: -inf
     entry = out.logprobs[0]
     assert all(math.isfinite(lp) and lp <= 0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
 
@@ -173,10 +203,20 @@ def test_every_valid_parameter_set_samples_a_token_with_finite_logprobs(
     logits, temperature, top_k, top_p, min_p, repetition_penalty, penalty, min_tokens, history
 ) -> None:
     params = GenerationParams(
-        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty,
-        presence_penalty=penalty, frequency_penalty=penalty, min_tokens=min_tokens, max_tokens=4, logprobs=VOCAB,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=penalty,
+        frequency_penalty=penalty,
+        min_tokens=min_tokens,
+        max_tokens=4,
+        logprobs=VOCAB,
     )
-    out = sample_each_alone_on_failure(Sampler(VOCAB, eos_token_ids=(0,)), torch.tensor([logits]), [seq(params, history)])
+    out = sample_each_alone_on_failure(
+        Sampler(VOCAB, eos_token_ids=(0,)), torch.tensor([logits]), [seq(params, history)]
+    )
     assert out.errors == {} and 0 <= out.sampled_token_ids[0] < VOCAB
     entry = out.logprobs[0]
     assert all(math.isfinite(lp) and lp <= 0.0 for lp in [entry.logprob, *(lp for _, lp in entry.top)])
@@ -211,7 +251,11 @@ def test_masks_apply_to_their_rows_only(vocab, constrained, bf16, seed) -> None:
         rows.append(row)
     tokens, logprobs = Sampler(vocab)(logits, rows)
     for i, is_constrained in enumerate(constrained):
-        allowed = [t for t in range(vocab) if not is_constrained or (t < 32 * num_words and (int(bitmask[i, t // 32]) >> (t % 32)) & 1)]
+        allowed = [
+            t
+            for t in range(vocab)
+            if not is_constrained or (t < 32 * num_words and (int(bitmask[i, t // 32]) >> (t % 32)) & 1)
+        ]
         if not allowed:
             continue  # nothing allowed: the boundary, not the sampler, fails such a row
         assert tokens[i] in allowed and logprobs[i].token_id == tokens[i]

@@ -24,7 +24,14 @@ def our_logits(executor: TorchExecutor, ids: list[int]) -> torch.Tensor:
     return executor.prefill_logits(ids, list(range(2, 2 + -(-len(ids) // 4))))
 
 
-ARCHITECTURES = [("llama", False), ("llama", True), ("llama3", False), ("qwen2", False), ("qwen3", False), ("qwen3", True)]
+ARCHITECTURES = [
+    ("llama", False),
+    ("llama", True),
+    ("llama3", False),
+    ("qwen2", False),
+    ("qwen3", False),
+    ("qwen3", True),
+]
 
 
 @pytest.mark.parametrize("source", ["folder", "gguf"])
@@ -50,13 +57,19 @@ def test_a_quantized_gguf_runs_packed_as_it_runs_dense(tmp_path, architecture: s
     blocks of 256 take a wider model; it runs packed where ``hetero_kernels.cpu_int4`` runs."""
     gguf = pytest.importorskip("gguf")
     width = 256 if weight_type == "Q6_K" else 64
-    folder = write_tiny_model(tmp_path, architecture=architecture, seed=5, hidden_size=width, intermediate_size=max(96, width))
+    folder = write_tiny_model(
+        tmp_path, architecture=architecture, seed=5, hidden_size=width, intermediate_size=max(96, width)
+    )
     path = write_tiny_gguf(folder, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
     ids = torch.randint(0, 259, (29,), generator=torch.Generator().manual_seed(2)).tolist()
     reference = our_logits(TorchExecutor(EngineConfig(model=str(path)), dtype="float32"), ids)
     dense = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="dense")
     packed = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="auto")
-    assert isinstance(packed.model.layers[0].gate_up, PackedLinear) or weight_type == "Q6_K" and not fine_groups_run_packed()
+    assert (
+        isinstance(packed.model.layers[0].gate_up, PackedLinear)
+        or weight_type == "Q6_K"
+        and not fine_groups_run_packed()
+    )
     dense_error = float((our_logits(dense, ids) - reference).abs().max())
     packed_error = float((our_logits(packed, ids) - reference).abs().max())
     assert packed_error <= 2 * dense_error + 1e-3, (packed_error, dense_error)
@@ -78,7 +91,9 @@ def outputs(engine, prompts, params) -> list[list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def one_at_a_time(tiny_model):
-    engine = tiny_engine(tiny_model, enable_chunked_prefill=False, cache_allocator={"name": "paged", "enable_prefix_caching": False})
+    engine = tiny_engine(
+        tiny_model, enable_chunked_prefill=False, cache_allocator={"name": "paged", "enable_prefix_caching": False}
+    )
     params = GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     return [outputs(engine, [p], params)[0] for p in PROMPTS]
 
@@ -137,9 +152,15 @@ class TestNumbaAttentionExecutorContract(ExecutorContract):
         return TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="cpu", attention="numba")
 
 
-@pytest.mark.parametrize("overrides", [{}, {"max_total_tokens": 7}, {"max_num_blocks": 20, "max_model_len": 80}], ids=["batched", "chunked", "preempting"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"max_total_tokens": 7}, {"max_num_blocks": 20, "max_model_len": 80}],
+    ids=["batched", "chunked", "preempting"],
+)
 def test_numba_attention_gives_the_same_tokens(tiny_model, one_at_a_time, overrides) -> None:
-    engine = tiny_engine(tiny_model, executor={"name": "torch", "dtype": "float32", "device": "cpu", "attention": "numba"}, **overrides)
+    engine = tiny_engine(
+        tiny_model, executor={"name": "torch", "dtype": "float32", "device": "cpu", "attention": "numba"}, **overrides
+    )
     assert outputs(engine, PROMPTS, GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)) == one_at_a_time
 
 
@@ -157,7 +178,7 @@ def test_prompt_logprobs_do_not_depend_on_chunking_slicing_or_the_cache(tiny_mod
     chunked_engine.generate([long_prompt], GenerationParams(max_tokens=1))  # its blocks now in the prefix cache
     chunked = chunked_engine.generate([long_prompt], params)[0]
     assert chunked.num_cached_tokens == 0 and len(whole.prompt_logprobs) == len(chunked.prompt_logprobs) == 300
-    for a, b in zip(whole.prompt_logprobs[1:], chunked.prompt_logprobs[1:]):
+    for a, b in zip(whole.prompt_logprobs[1:], chunked.prompt_logprobs[1:], strict=True):
         assert (a.token_id, a.rank, [t for t, _ in a.top]) == (b.token_id, b.rank, [t for t, _ in b.top])
         assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
 
@@ -170,7 +191,9 @@ def test_the_cpu_warm_up_stays_within_every_packed_layers_rows(tmp_path, monkeyp
     folder = write_tiny_model(tmp_path, seed=5)
     path = write_tiny_gguf(folder, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
     executor = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="auto", device="cpu")
-    layers = [linear for layer in executor.model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    layers = [
+        linear for layer in executor.model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    ]
     packed = [linear for linear in layers if isinstance(linear, PackedLinear)]
     assert packed, "no layer runs packed here"
     assert packed_rows(executor.model) == min(linear.max_rows for linear in packed)

@@ -54,7 +54,11 @@ def test_a_second_start_reads_the_weights_back_and_generates_the_same(tiny_q4, t
     engine = cached_engine(tiny_q4, tmp_path)
     assert greedy(engine) == built
     assert entries(tmp_path) == [entry]
-    linears = [linear for layer in engine.executor.model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    linears = [
+        linear
+        for layer in engine.executor.model.layers
+        for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+    ]
     assert linears and all(isinstance(linear, PackedLinear) for linear in linears)  # read back packed, not dense
 
 
@@ -74,7 +78,14 @@ def test_the_file_and_every_setting_key_an_entry_of_their_own(tiny_q4, tmp_path)
 def sample_objects() -> dict:
     table = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
     shared = np.arange(10, dtype=np.uint16)
-    return {"table": table, "one": shared, "again": shared, "ints": np.array([[1, -2]], np.int8), "empty": torch.zeros(0), "name": "x"}
+    return {
+        "table": table,
+        "one": shared,
+        "again": shared,
+        "ints": np.array([[1, -2]], np.int8),
+        "empty": torch.zeros(0),
+        "name": "x",
+    }
 
 
 def test_an_entry_round_trips_arrays_tensors_and_shared_references() -> None:

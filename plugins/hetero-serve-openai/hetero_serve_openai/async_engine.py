@@ -55,7 +55,9 @@ class AsyncEngine:
     error_status = 500  # a generation that fails is the server's fault
     capabilities = CAPABILITIES  # the engine honours every parameter
 
-    def __init__(self, config: EngineConfig, *, engine_factory: Callable[[EngineConfig], InferenceEngine] = InferenceEngine) -> None:
+    def __init__(
+        self, config: EngineConfig, *, engine_factory: Callable[[EngineConfig], InferenceEngine] = InferenceEngine
+    ) -> None:
         self.config = config
         self._factory = engine_factory
         self.engine: InferenceEngine | None = None
@@ -109,7 +111,9 @@ class AsyncEngine:
                 error_id = uuid.uuid4().hex[:12]
                 log.error("engine step failed", error_id=error_id, error=f"{type(exc).__name__}: {exc}", exc_info=exc)
                 if consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:  # out of service before anyone hears of it
-                    self.error = f"the engine stopped after {consecutive_failures} failed steps in a row (last id {error_id})"
+                    self.error = (
+                        f"the engine stopped after {consecutive_failures} failed steps in a row (last id {error_id})"
+                    )
                     log.error("engine out of service", error=self.error)
                 self._fail_in_flight(f"internal error (id {error_id})")
                 if self.error is not None:
@@ -139,7 +143,9 @@ class AsyncEngine:
     ) -> None:
         """Queue a request; its deltas arrive on ``queue`` as ``(tag, delta)``. Raises the engine's errors."""
         if self.engine is None or self._loop is None or self.error is not None:
-            raise APIError(503, f"the engine is unavailable: {self.error or 'not started'}", headers={"Retry-After": "5"})
+            raise APIError(
+                503, f"the engine is unavailable: {self.error or 'not started'}", headers={"Retry-After": "5"}
+            )
         loop = self._loop
 
         def deliver(delta: StreamDelta) -> None:

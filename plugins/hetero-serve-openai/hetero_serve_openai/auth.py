@@ -28,7 +28,9 @@ def api_key(server: ServerConfig) -> str | None:
     key = server.api_key or os.environ.get(API_KEY_ENV) or None
     if key is not None and not (isinstance(key, str) and key.isascii() and key.isprintable() and " " not in key):
         source = "server.api_key" if server.api_key else API_KEY_ENV
-        raise ConfigError(f"{source} must be a string of printable ASCII without spaces (an HTTP header carries it)", param="api_key")
+        raise ConfigError(
+            f"{source} must be a string of printable ASCII without spaces (an HTTP header carries it)", param="api_key"
+        )
     return key
 
 
@@ -52,7 +54,9 @@ class APIKeyCheck:
         if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.lstrip(b" "), self.expected):
             await self.app(scope, receive, send)
             return
-        body = json.dumps(error_body(401, "missing or invalid API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"))
+        body = json.dumps(
+            error_body(401, "missing or invalid API key (send 'Authorization: Bearer <key>')", code="invalid_api_key")
+        )
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body.encode()})

@@ -40,7 +40,9 @@ def batch_command(argv: list[str]) -> int:
     return 0
 
 
-def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path | None, params: GenerationParams) -> None:
+def replicated_batch(
+    config: EngineConfig, input_file: Path, output_file: Path | None, params: GenerationParams
+) -> None:
     """Generate for every prompt of ``input_file`` over the replicas, with one progress bar; one JSON line per prompt."""
     items = read_prompts(input_file, params)
     groups: dict[GenerationParams, list[int]] = {}  # line indexes by their parameters
@@ -62,7 +64,7 @@ def replicated_batch(config: EngineConfig, input_file: Path, output_file: Path |
             for group_params, indexes in groups.items():
                 prompts = [items[i][0].get("messages", items[i][0].get("prompt")) for i in indexes]
                 choices = client.generate(prompts, group_params, on_finished=finished)
-                firsts.update(zip(indexes, choices[:: group_params.n]))
+                firsts.update(zip(indexes, choices[:: group_params.n], strict=True))
     finally:
         client.close()
     lines = []

@@ -45,12 +45,21 @@ def capabilities_of(backend: object, name: str) -> frozenset[str]:
 
 def unhonoured(params: GenerationParams, honoured: frozenset[str]) -> str | None:
     """The first field ``params`` sets (away from its default) outside ``honoured``; None if there is none."""
-    return next((name for name in _FIELDS if name not in honoured and getattr(params, name) != getattr(_DEFAULTS, name)), None)
+    return next(
+        (name for name in _FIELDS if name not in honoured and getattr(params, name) != getattr(_DEFAULTS, name)), None
+    )
 
 
-def check_capabilities(params: GenerationParams, honoured: frozenset[str], backend_name: str, fields: Mapping[str, str | None]) -> None:
+def check_capabilities(
+    params: GenerationParams, honoured: frozenset[str], backend_name: str, fields: Mapping[str, str | None]
+) -> None:
     """Refuse ``params`` if it sets a field outside ``honoured``: a 400 naming the request field (``fields`` maps where a name differs)."""
     name = unhonoured(params, honoured)
     if name is not None:
         field = fields.get(name) or name
-        raise APIError(400, f"{field} is not supported by this server's backend {backend_name!r}", param=field, code="unsupported_parameter")
+        raise APIError(
+            400,
+            f"{field} is not supported by this server's backend {backend_name!r}",
+            param=field,
+            code="unsupported_parameter",
+        )

@@ -30,7 +30,11 @@ def serve_command(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(debug=args.debug)
     config = engine_config(args)
-    flags = {key: value for key, value in (("host", args.host), ("port", args.port), ("api_key", args.api_key)) if value is not None}
+    flags = {
+        key: value
+        for key, value in (("host", args.host), ("port", args.port), ("api_key", args.api_key))
+        if value is not None
+    }
     if flags:
         config = config.evolve(server=flags)  # merged onto the file's section
     server = server_config(config)

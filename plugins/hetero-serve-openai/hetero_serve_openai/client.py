@@ -42,7 +42,9 @@ class BackendClient:
     def __init__(self, backend: ServingBackend, *, name: str | None = None, ready_timeout: float = 600.0) -> None:
         self.backend = backend
         self.name = name or type(backend).__name__  # as errors name the backend
-        self.honoured = capabilities_of(backend, self.name)  # a misspelt capability fails here, before the backend starts
+        self.honoured = capabilities_of(
+            backend, self.name
+        )  # a misspelt capability fails here, before the backend starts
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="hetero-backend-client", daemon=True)
         self._thread.start()
@@ -51,7 +53,9 @@ class BackendClient:
         while not backend.is_ready:
             if backend.error is not None or time.monotonic() > deadline:
                 self.close()
-                raise EngineError(f"the serving backend did not become ready: {backend.error or f'timed out after {ready_timeout} s'}")
+                raise EngineError(
+                    f"the serving backend did not become ready: {backend.error or f'timed out after {ready_timeout} s'}"
+                )
             time.sleep(READY_POLL)
 
     def _honoured(self, params: GenerationParams) -> GenerationParams:
@@ -61,7 +65,11 @@ class BackendClient:
         return params
 
     def generate(
-        self, items: Sequence[Item], params: GenerationParams | None = None, *, on_finished: Callable[[Choice], None] | None = None
+        self,
+        items: Sequence[Item],
+        params: GenerationParams | None = None,
+        *,
+        on_finished: Callable[[Choice], None] | None = None,
     ) -> list[Choice]:
         """Every item's ``params.n`` choices, item by item in input order. ``on_finished`` hears each choice as it ends."""
         params = self._honoured(params or GenerationParams())

@@ -42,7 +42,9 @@ class CommandBridge:
     """The ``command_bridge`` serving backend (a :class:`~hetero_core.serving.ServingBackend`)."""
 
     error_status = 502  # the program failed, not the server
-    capabilities = frozenset({"n"})  # and the baseline (max_tokens, temperature, top_p): the rest is refused, not dropped
+    capabilities = frozenset(
+        {"n"}
+    )  # and the baseline (max_tokens, temperature, top_p): the rest is refused, not dropped
     tokenizer = None
     max_model_len = None
     error: str | None = None
@@ -78,7 +80,9 @@ class CommandBridge:
         if messages is not None:
             prompt = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
         elif not isinstance(prompt, str):
-            raise APIError(400, "a prompt of token ids needs a backend with a tokenizer; this one takes text", param="prompt")
+            raise APIError(
+                400, "a prompt of token ids needs a backend with a tokenizer; this one takes text", param="prompt"
+            )
         for index in range(params.n):
             key = f"{request_id}/{index}"
             run = asyncio.run_coroutine_threadsafe(self._run(prompt, params, request_id, index, queue, tag), self._loop)
@@ -90,7 +94,9 @@ class CommandBridge:
             if key.startswith(f"{request_id}/"):
                 run.cancel()
 
-    async def _run(self, prompt: str, params: GenerationParams, request_id: str, index: int, queue: asyncio.Queue, tag: int) -> None:
+    async def _run(
+        self, prompt: str, params: GenerationParams, request_id: str, index: int, queue: asyncio.Queue, tag: int
+    ) -> None:
         request_env = {
             "HETERO_PROMPT": prompt,
             "HETERO_MAX_TOKENS": str(params.max_tokens),
@@ -113,7 +119,11 @@ class CommandBridge:
         env = {name: os.environ[name] for name in PASSED_ENVIRONMENT if name in os.environ} | request_env
         try:
             process = await asyncio.create_subprocess_exec(
-                *self.command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+                *self.command,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
         except OSError as exc:
             return "", f"cannot run {self.command[0]!r}: {exc.strerror or exc}"
@@ -130,7 +140,10 @@ class CommandBridge:
         if stderr:
             log.info("bridge stderr", request_id=request_id, stderr=stderr.decode(errors="replace")[-STDERR_TAIL:])
         if stdout is None:
-            return "", f"the bridge program wrote more than server.command_max_output_bytes ({self.max_output_bytes}) bytes"
+            return (
+                "",
+                f"the bridge program wrote more than server.command_max_output_bytes ({self.max_output_bytes}) bytes",
+            )
         if process.returncode != 0:
             return "", f"the bridge program exited with status {process.returncode}"
         return stdout.decode(errors="replace"), None

@@ -33,14 +33,20 @@ def add_generation_routes(app: FastAPI, service: Service) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
         with naming_the_constraint(body.constraint_field):
-            return await _generate(service, request, body, CompletionFormat, completion_inputs(body, backend, service.config), "cmpl")
+            return await _generate(
+                service, request, body, CompletionFormat, completion_inputs(body, backend, service.config), "cmpl"
+            )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         backend = service.ready_backend(body.model)
-        field = "tools" if body.tool_use.constraint is not None else body.constraint_field  # a calls' grammar is built from the tools
+        field = (
+            "tools" if body.tool_use.constraint is not None else body.constraint_field
+        )  # a calls' grammar is built from the tools
         with naming_the_constraint(field):
-            return await _generate(service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl")
+            return await _generate(
+                service, request, body, ChatFormat, chat_inputs(body, backend, service.config), "chatcmpl"
+            )
 
 
 @contextlib.contextmanager
@@ -57,7 +63,9 @@ def naming_the_constraint(field: str | None) -> Iterator[None]:
         raise APIError(400, reason, param=field) from exc
 
 
-async def _generate(service: Service, request: Request, body: Any, format_class: type, prepare: Prepare, id_prefix: str) -> Any:
+async def _generate(
+    service: Service, request: Request, body: Any, format_class: type, prepare: Prepare, id_prefix: str
+) -> Any:
     request_id = f"{id_prefix}-{uuid.uuid4().hex}"
     created = int(time.time())
     generation = Generation(service.backend, service.metrics, request_id)
@@ -76,7 +84,9 @@ async def _generate(service: Service, request: Request, body: Any, format_class:
     return response | shape.response_fields(choices)
 
 
-async def _chunks(service: Service, generation: Generation, shape: Any, include_usage: bool, created: int) -> AsyncIterator[str]:
+async def _chunks(
+    service: Service, generation: Generation, shape: Any, include_usage: bool, created: int
+) -> AsyncIterator[str]:
     model, request_id = service.model_name, generation.request_id
     for opening in shape.opening():
         yield sse(envelope(shape.chunk_object, request_id, created, model, [opening]))

@@ -100,7 +100,11 @@ def bounded_protocol(max_connections: int, read_timeout: float) -> type[H11Proto
     return type(
         "BoundedH11Protocol",
         (BoundedH11Protocol,),
-        {"max_connections": max_connections, "read_timeout": read_timeout, "limit_reached": staticmethod(limit_reached)},
+        {
+            "max_connections": max_connections,
+            "read_timeout": read_timeout,
+            "limit_reached": staticmethod(limit_reached),
+        },
     )
 
 

@@ -69,10 +69,15 @@ class StructuredOutputs(BaseModel):
     grammar: str | None = None
 
     def constraint(self) -> StructuredOutput:
-        given = [name for name in ("json", "json_object", "regex", "choice", "grammar") if self._value(name) not in (None, False)]
+        given = [
+            name
+            for name in ("json", "json_object", "regex", "choice", "grammar")
+            if self._value(name) not in (None, False)
+        ]
         if len(given) != 1:
             raise APIError(
-                400, f"structured_outputs takes exactly one of json, json_object, regex, choice, grammar; got {given or 'none'}",
+                400,
+                f"structured_outputs takes exactly one of json, json_object, regex, choice, grammar; got {given or 'none'}",
                 param="structured_outputs",
             )
         return constraint_of(given[0], self._value(given[0]))

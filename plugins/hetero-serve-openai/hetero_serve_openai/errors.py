@@ -36,7 +36,15 @@ TYPES = {
 class APIError(Exception):
     """An error the server answers directly."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
@@ -45,7 +53,14 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": TYPES.get(status, "internal_error"), "param": param, "code": code}}
 
 
-def respond(status: int, message: str, *, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+def respond(
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -70,12 +85,16 @@ def install_error_handlers(app: FastAPI) -> None:
     async def invalid_body(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = _most_specific(exc.errors())
         if first.get("type") == "json_invalid":
-            return respond(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": "))
+            return respond(
+                400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}".rstrip(": ")
+            )
         location = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_type_tag(p)]
         message = first.get("msg", "invalid request body")
         if first.get("type") == "extra_forbidden":
             message = "this server does not support this field"
-        return respond(400, f"{'.'.join(location) + ': ' if location else ''}{message}", param=location[0] if location else None)
+        return respond(
+            400, f"{'.'.join(location) + ': ' if location else ''}{message}", param=location[0] if location else None
+        )
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:

@@ -168,6 +168,12 @@ class Generation:
                 self.metrics.request_time_per_output_token.observe((last - first) / (len(choice.token_ids) - 1))
 
     def usage(self) -> dict[str, int]:
-        prompt_tokens = sum(self.choices[number * self.params.n].num_prompt_tokens for number in range(len(self.inputs)))
+        prompt_tokens = sum(
+            self.choices[number * self.params.n].num_prompt_tokens for number in range(len(self.inputs))
+        )
         completion_tokens = sum(len(c.token_ids) for c in self.choices)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }

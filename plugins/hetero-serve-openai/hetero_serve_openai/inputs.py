@@ -33,11 +33,15 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
         inputs = [(prompt, None) for prompt in _prompts(body.prompt)]
         if len(inputs) > config.max_waiting_requests:  # it could never be queued whole
             raise APIError(
-                400, f"{len(inputs)} prompts exceed max_waiting_requests ({config.max_waiting_requests}) of this server", param="prompt"
+                400,
+                f"{len(inputs)} prompts exceed max_waiting_requests ({config.max_waiting_requests}) of this server",
+                param="prompt",
             )
         params = body.params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
         scoring = "prompt_logprobs" if body.prompt_logprobs is not None else "echo"
-        _check_capabilities(params, backend, config, {"structured_output": body.constraint_field, "prompt_logprobs": scoring})
+        _check_capabilities(
+            params, backend, config, {"structured_output": body.constraint_field, "prompt_logprobs": scoring}
+        )
         _check_request_size(len(inputs), params, backend, config)
         _check_prompt_scoring(params, backend, scoring)
         if params.prompt_logprobs is not None:  # the response names each prompt token
@@ -45,8 +49,13 @@ def completion_inputs(body: CompletionRequest, backend: ServingBackend, config: 
         # no choice outlasts the context: past it the request is refused as too long, not as too large
         longest = min(params.max_tokens, backend.max_model_len or params.max_tokens)
         size = completion_size(
-            [_prompt_size(p) for p, _ in inputs], n=params.n, max_tokens=longest, logprobs=body.logprobs,
-            echo=body.echo, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
+            [_prompt_size(p) for p, _ in inputs],
+            n=params.n,
+            max_tokens=longest,
+            logprobs=body.logprobs,
+            echo=body.echo,
+            prompt_logprobs=body.prompt_logprobs,
+            stream=body.stream,
         )
         size.check(server_config(config).max_response_bytes)
         return inputs, params
@@ -59,10 +68,16 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
         if body.prompt_logprobs is not None and body.stream:
-            raise APIError(400, "prompt_logprobs is not supported with stream: true on chat completions", param="prompt_logprobs")
+            raise APIError(
+                400, "prompt_logprobs is not supported with stream: true on chat completions", param="prompt_logprobs"
+            )
         least = 0 if body.prompt_logprobs is not None else 1  # 0 only scores the prompt
         if body.max_completion_tokens is not None and body.max_completion_tokens < least:
-            raise APIError(400, f"max_completion_tokens must be at least {least}, got {body.max_completion_tokens}", param="max_completion_tokens")
+            raise APIError(
+                400,
+                f"max_completion_tokens must be at least {least}, got {body.max_completion_tokens}",
+                param="max_completion_tokens",
+            )
         plan = body.tool_use
         messages = [message.to_template() for message in body.messages]
         prompt: Sequence[int] | None = None
@@ -79,14 +94,20 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
         params = body.params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
         if plan.constraint is not None:
             params = attrs.evolve(params, structured_output=plan.constraint)
-        constraint_field = ("tool_choice" if plan.is_forced else "tools") if plan.constraint is not None else body.constraint_field
+        constraint_field = (
+            ("tool_choice" if plan.is_forced else "tools") if plan.constraint is not None else body.constraint_field
+        )
         _check_capabilities(params, backend, config, {"structured_output": constraint_field})
         _check_request_size(1, params, backend, config)
         _check_prompt_scoring(params, backend, "prompt_logprobs")
         size = chat_size(
-            len(prompt or ()), n=params.n, max_tokens=max_tokens if prompt is None else min(max_tokens, max(context_left, 0)),
+            len(prompt or ()),
+            n=params.n,
+            max_tokens=max_tokens if prompt is None else min(max_tokens, max(context_left, 0)),
             max_tokens_field="max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens",
-            top_logprobs=params.logprobs, prompt_logprobs=body.prompt_logprobs, stream=body.stream,
+            top_logprobs=params.logprobs,
+            prompt_logprobs=body.prompt_logprobs,
+            stream=body.stream,
         )
         size.check(server_config(config).max_response_bytes)
         return [(prompt, None) if prompt is not None else (None, messages)], params
@@ -94,7 +115,9 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
     return prepare
 
 
-def render_chat(tokenizer: Tokenizer, messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]) -> str:
+def render_chat(
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]
+) -> str:
     """The prompt text of a chat, rendered as the body asks (``add_generation_prompt``, ``continue_final_message``, ...)."""
     rendering.check_rendering()
     return tokenizer.apply_chat_template(
@@ -106,14 +129,18 @@ def render_chat(tokenizer: Tokenizer, messages: list[dict[str, Any]], rendering:
     )
 
 
-def _plain_chat(messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def _plain_chat(
+    messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """For a backend that renders chats itself: plain messages (tools in the default convention) and no rendering options."""
     rendering.check_rendering()
     for name in ("continue_final_message", "chat_template_kwargs"):
         if getattr(rendering, name):
             raise APIError(400, f"{name} needs a backend with a tokenizer; this one renders chats itself", param=name)
     if not rendering.add_generation_prompt:
-        raise APIError(400, "add_generation_prompt: false needs a backend with a tokenizer", param="add_generation_prompt")
+        raise APIError(
+            400, "add_generation_prompt: false needs a backend with a tokenizer", param="add_generation_prompt"
+        )
     return inline_tools(messages, tools)
 
 
@@ -145,19 +172,27 @@ def _check_prompt_scoring(params: GenerationParams, backend: ServingBackend, par
         raise APIError(400, "this server's backend cannot score prompts (it has no tokenizer)", param=param)
 
 
-def _check_capabilities(params: GenerationParams, backend: ServingBackend, config: EngineConfig, fields: dict[str, str | None]) -> None:
+def _check_capabilities(
+    params: GenerationParams, backend: ServingBackend, config: EngineConfig, fields: dict[str, str | None]
+) -> None:
     name = backend_name(config)
     check_capabilities(params, capabilities_of(backend, name), name, fields)
 
 
-def _check_request_size(num_inputs: int, params: GenerationParams, backend: ServingBackend, config: EngineConfig) -> None:
+def _check_request_size(
+    num_inputs: int, params: GenerationParams, backend: ServingBackend, config: EngineConfig
+) -> None:
     limit = server_config(config).max_choices_per_request
     if num_inputs * params.n > limit:
         raise APIError(
-            400, f"{num_inputs} prompts x n={params.n} make {num_inputs * params.n} choices, over server.max_choices_per_request ({limit})", param="n"
+            400,
+            f"{num_inputs} prompts x n={params.n} make {num_inputs * params.n} choices, over server.max_choices_per_request ({limit})",
+            param="n",
         )
     tokenizer = backend.tokenizer
     if tokenizer is not None:
         bad = [t for t in params.stop_token_ids if not 0 <= t < tokenizer.vocab_size]
         if bad:
-            raise APIError(400, f"stop_token_ids must be in [0, {tokenizer.vocab_size}), got {bad[0]}", param="stop_token_ids")
+            raise APIError(
+                400, f"stop_token_ids must be in [0, {tokenizer.vocab_size}), got {bad[0]}", param="stop_token_ids"
+            )

@@ -78,6 +78,10 @@ class _TooLarge(Exception):
 
 async def _refuse(send: Any, status: int, message: str) -> None:
     body = json.dumps(error_body(status, message)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

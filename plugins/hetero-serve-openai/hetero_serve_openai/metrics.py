@@ -17,7 +17,26 @@ from hetero_core.metrics import EngineMetrics
 from hetero_core.sequence import FinishReason
 from hetero_core.serving import SINGLE_ENGINE
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 GAUGES = (
@@ -58,7 +77,9 @@ class EngineCollector(Collector):
                 for replica, metrics in by_replica.items():
                     family.add_metric(values(replica), getattr(metrics, field))
                 yield family
-        finished = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.", labels=[*labels, "finished_reason"])
+        finished = CounterMetricFamily(
+            "vllm:request_success", "Finished requests by finish reason.", labels=[*labels, "finished_reason"]
+        )
         for replica, metrics in by_replica.items():
             for reason in FinishReason:
                 finished.add_metric([*values(replica), reason.value], metrics.requests_finished[reason])
@@ -74,15 +95,21 @@ class ServerMetrics:
         self.model_name = model_name
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, ["model_name"], buckets=LATENCY_BUCKETS, registry=self.registry).labels(model_name)
+            return Histogram(name, doc, ["model_name"], buckets=LATENCY_BUCKETS, registry=self.registry).labels(
+                model_name
+            )
 
         self.time_to_first_token = histogram("vllm:time_to_first_token_seconds", "Time to the first token.")
-        self.inter_token_latency = histogram("vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sample.")
+        self.inter_token_latency = histogram(
+            "vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sample."
+        )
         self.time_per_output_token = histogram(
-            "vllm:time_per_output_token_seconds", "Time between consecutive tokens of a sample (older name of inter_token_latency)."
+            "vllm:time_per_output_token_seconds",
+            "Time between consecutive tokens of a sample (older name of inter_token_latency).",
         )
         self.request_time_per_output_token = histogram(
-            "vllm:request_time_per_output_token_seconds", "Per sample: time from its first to its last token over the tokens after the first."
+            "vllm:request_time_per_output_token_seconds",
+            "Per sample: time from its first to its last token over the tokens after the first.",
         )
         self.e2e_latency = histogram("vllm:e2e_request_latency_seconds", "Time from arrival to the last token.")
 

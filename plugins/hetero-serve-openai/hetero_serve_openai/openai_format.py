@@ -51,7 +51,9 @@ def finish_reason(choice: Choice) -> str | None:
     return None if choice.finish_reason is None else choice.finish_reason.value
 
 
-def envelope(kind: str, request_id: str, created: int, model: str, choices: list[dict], usage: dict | None = None) -> dict[str, Any]:
+def envelope(
+    kind: str, request_id: str, created: int, model: str, choices: list[dict], usage: dict | None = None
+) -> dict[str, Any]:
     """A response or stream chunk; every chunk of one stream carries the same ``id`` and ``created``."""
     body: dict[str, Any] = {"id": request_id, "object": kind, "created": created, "model": model, "choices": choices}
     if usage is not None or kind in ("text_completion", "chat.completion"):
@@ -65,7 +67,11 @@ def vllm_prompt_logprobs(tokenizer: Any, scored: list[TokenLogprobs | None] | No
         return None
 
     def entry(token_id: int, logprob: float, rank: int) -> dict[str, Any]:
-        return {"logprob": finite_logprob(logprob), "rank": rank, "decoded_token": tokenizer.decode([token_id], skip_special_tokens=False)}
+        return {
+            "logprob": finite_logprob(logprob),
+            "rank": rank,
+            "decoded_token": tokenizer.decode([token_id], skip_special_tokens=False),
+        }
 
     result: list[dict[str, Any] | None] = [None]
     for scoring in scored[1:]:
@@ -94,13 +100,17 @@ class CompletionFormat:
         prompt = self.generation.inputs[choice.index // self.generation.params.n][0]
         return prompt if isinstance(prompt, str) else self.tokenizer.decode(prompt, skip_special_tokens=False)
 
-    def _logprobs(self, choice: Choice, entries: list[TokenLogprobs], text_offset: int, *, with_prompt: bool) -> dict | None:
+    def _logprobs(
+        self, choice: Choice, entries: list[TokenLogprobs], text_offset: int, *, with_prompt: bool
+    ) -> dict | None:
         if self.body.logprobs is None:
             return None
         legacy: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         if with_prompt and self.body.echoes_logprobs and choice.prompt_logprobs is not None:
-            prompt_ids = self.generation.inputs[choice.index // self.generation.params.n][0]  # ids: see completion_inputs
-            self._add(legacy, zip(prompt_ids, choice.prompt_logprobs), 0)
+            prompt_ids = self.generation.inputs[choice.index // self.generation.params.n][
+                0
+            ]  # ids: see completion_inputs
+            self._add(legacy, zip(prompt_ids, choice.prompt_logprobs, strict=True), 0)
         self._add(legacy, ((entry.token_id, entry) for entry in entries), text_offset)
         return legacy
 
@@ -117,7 +127,9 @@ class CompletionFormat:
                 continue
             legacy["token_logprobs"].append(finite_logprob(entry.logprob))
             top = entry.top[: self.body.logprobs]
-            legacy["top_logprobs"].append({self.tokenizer.decode([t], skip_special_tokens=False): finite_logprob(lp) for t, lp in top})
+            legacy["top_logprobs"].append(
+                {self.tokenizer.decode([t], skip_special_tokens=False): finite_logprob(lp) for t, lp in top}
+            )
 
     def _with_prompt_logprobs(self, payload: dict, choice: Choice) -> dict:
         """vLLM's ``prompt_logprobs`` on the first choice of each prompt; ``null`` on its other ``n - 1`` choices."""
@@ -143,7 +155,12 @@ class CompletionFormat:
     def whole(self, choice: Choice) -> dict:
         prefix = self._prefix(choice)
         logprobs = self._logprobs(choice, choice.logprobs, len(prefix), with_prompt=True)
-        payload = {"index": choice.index, "text": prefix + choice.text, "logprobs": logprobs, "finish_reason": finish_reason(choice)}
+        payload = {
+            "index": choice.index,
+            "text": prefix + choice.text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(choice),
+        }
         return self._with_prompt_logprobs(payload, choice)
 
     def response_fields(self, choices: list[Choice]) -> dict:
@@ -169,7 +186,12 @@ class ChatFormat:
     def opening(self) -> list[dict]:
         content = None if self.tools.is_forced else ""
         return [
-            {"index": index, "delta": {"role": "assistant", "content": content}, "logprobs": None, "finish_reason": None}
+            {
+                "index": index,
+                "delta": {"role": "assistant", "content": content},
+                "logprobs": None,
+                "finish_reason": None,
+            }
             for index in range(len(self.generation.choices))
         ]
 
@@ -180,7 +202,12 @@ class ChatFormat:
     def _logprobs(self, entries: list[TokenLogprobs]) -> dict | None:
         if not self.body.logprobs:
             return None
-        return {"content": [{**self._entry(e.token_id, e.logprob), "top_logprobs": [self._entry(t, lp) for t, lp in e.top]} for e in entries]}
+        return {
+            "content": [
+                {**self._entry(e.token_id, e.logprob), "top_logprobs": [self._entry(t, lp) for t, lp in e.top]}
+                for e in entries
+            ]
+        }
 
     def _finish_reason(self, choice: Choice, num_calls: int, is_cut: bool) -> str | None:
         """``tool_calls`` for a choice that stopped after calling, unless a stop string cut its last call short."""
@@ -193,13 +220,17 @@ class ChatFormat:
             return None
         num_calls, is_cut, message = 0, False, {"content": delta.text} if delta.text else {}
         if self.tools.parses_calls:
-            parser = self._parsers.setdefault(choice.index, ToolCallParser(self.tools.names, incremental=self.tools.is_forced))
+            parser = self._parsers.setdefault(
+                choice.index, ToolCallParser(self.tools.names, incremental=self.tools.is_forced)
+            )
             pieces = parser.feed(delta.text) + (parser.finish() if delta.finish_reason else [])
             message, num_calls, is_cut = _stream_delta(pieces), parser.num_calls, parser.is_cut
             if not message and not delta.finish_reason and not self.body.logprobs:
                 return None  # held back: part of a tag, or arguments that may end the call
         return {
-            "index": choice.index, "delta": message, "logprobs": self._logprobs(delta.logprobs or []),
+            "index": choice.index,
+            "delta": message,
+            "logprobs": self._logprobs(delta.logprobs or []),
             "finish_reason": self._finish_reason(choice, num_calls, is_cut),
         }
 
@@ -212,10 +243,13 @@ class ChatFormat:
             message["content"] = content or (None if calls else content)
         if calls:
             message["tool_calls"] = [
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}} for call in calls
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                for call in calls
             ]
         return {
-            "index": choice.index, "message": message, "logprobs": self._logprobs(choice.logprobs),
+            "index": choice.index,
+            "message": message,
+            "logprobs": self._logprobs(choice.logprobs),
             "finish_reason": self._finish_reason(choice, len(calls), is_cut),
         }
 
@@ -223,7 +257,11 @@ class ChatFormat:
         """vLLM's ``prompt_logprobs`` belong to the chat response (one prompt for every choice)."""
         if self.body.prompt_logprobs is None:
             return {}
-        return {"prompt_logprobs": vllm_prompt_logprobs(self.tokenizer, choices[0].prompt_logprobs, self.body.prompt_logprobs)}
+        return {
+            "prompt_logprobs": vllm_prompt_logprobs(
+                self.tokenizer, choices[0].prompt_logprobs, self.body.prompt_logprobs
+            )
+        }
 
 
 def _stream_delta(pieces: list[Piece]) -> dict[str, Any]:

@@ -43,7 +43,9 @@ def add_responses_routes(app: FastAPI, service: Service) -> None:
             chat = body.to_chat()
             backend = service.ready_backend(chat.model)
             plan = chat.tool_use
-            constraint_field = "tools" if plan.constraint is not None else "text.format" if chat.constraint_field is not None else None
+            constraint_field = (
+                "tools" if plan.constraint is not None else "text.format" if chat.constraint_field is not None else None
+            )
             with naming_the_constraint(constraint_field):
                 generation = Generation(backend, service.metrics, response.id)
                 await generation.start(chat_inputs(chat, backend, service.config))
@@ -71,7 +73,13 @@ class ResponseObject:
     created_at: int
     model: str
 
-    def body(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    def body(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None,
+        error: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         request = self.request
         body: dict[str, Any] = {
             "id": self.id,
@@ -140,8 +148,19 @@ async def _events(generation: Generation, response: ResponseObject, items: Outpu
         final = "response.completed" if status == "completed" else "response.incomplete"
         yield event({"type": final, "response": response.body(status, items.items, _usage(generation))})
     except Exception as exc:  # after the 200 went out: the client is told in events
-        failure = exc if isinstance(exc, APIError) else APIError(500, internal_error_body(exc)["error"]["message"], code="internal_error")
-        yield event({"type": "error", "code": failure.code or "server_error", "message": failure.message, "param": failure.param})
+        failure = (
+            exc
+            if isinstance(exc, APIError)
+            else APIError(500, internal_error_body(exc)["error"]["message"], code="internal_error")
+        )
+        yield event(
+            {
+                "type": "error",
+                "code": failure.code or "server_error",
+                "message": failure.message,
+                "param": failure.param,
+            }
+        )
         error = {"code": "server_error", "message": failure.message}
         yield event({"type": "response.failed", "response": response.body("failed", items.items, None, error)})
 

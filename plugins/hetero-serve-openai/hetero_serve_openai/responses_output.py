@@ -71,21 +71,40 @@ class OutputItems:
         return events + self._close(status)
 
     def _text(self, text: str) -> list[dict[str, Any]]:
-        events = [] if self._open is not None and self._open["type"] == "message" else self._close("completed") + self._open_message()
+        events = (
+            []
+            if self._open is not None and self._open["type"] == "message"
+            else self._close("completed") + self._open_message()
+        )
         assert self._open is not None
         self._open["content"][0]["text"] += text
-        events.append({"type": "response.output_text.delta", **self._where(), "content_index": 0, "delta": text, "logprobs": []})
+        events.append(
+            {"type": "response.output_text.delta", **self._where(), "content_index": 0, "delta": text, "logprobs": []}
+        )
         return events
 
     def _open_message(self) -> list[dict[str, Any]]:
-        self._open = {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        self._open = {
+            "id": item_id("msg"),
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
         added = {"type": "response.output_item.added", "output_index": self._index, "item": _copy(self._open)}
         self._open["content"].append(text_part(""))
         part = {"type": "response.content_part.added", **self._where(), "content_index": 0, "part": text_part("")}
         return [added, part]
 
     def _open_call(self, call: CallDelta) -> list[dict[str, Any]]:
-        self._open = {"id": item_id("fc"), "type": "function_call", "status": "in_progress", "arguments": "", "call_id": call.id, "name": call.name}
+        self._open = {
+            "id": item_id("fc"),
+            "type": "function_call",
+            "status": "in_progress",
+            "arguments": "",
+            "call_id": call.id,
+            "name": call.name,
+        }
         added = {"type": "response.output_item.added", "output_index": self._index, "item": _copy(self._open)}
         return [added, *self._arguments(call.arguments)]
 
@@ -107,7 +126,14 @@ class OutputItems:
                 {"type": "response.content_part.done", **where, "content_index": 0, "part": text_part(text)},
             ]
         else:
-            events = [{"type": "response.function_call_arguments.done", **where, "name": item["name"], "arguments": item["arguments"]}]
+            events = [
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            ]
         item["status"] = status
         events.append({"type": "response.output_item.done", "output_index": self._index, "item": _copy(item)})
         self.items.append(item)

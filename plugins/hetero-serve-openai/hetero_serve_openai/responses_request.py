@@ -19,7 +19,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hetero_serve_openai.errors import APIError
 from hetero_serve_openai.fields import STRICT, Text
@@ -169,7 +178,13 @@ class FunctionTool(FunctionDefinition):
 
     def echoed(self) -> dict[str, Any]:
         """As the response object lists it."""
-        return {"type": "function", "name": self.name, "description": self.description, "parameters": self.parameters, "strict": self.is_strict}
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "strict": self.is_strict,
+        }
 
 
 class FunctionChoice(BaseModel):
@@ -206,7 +221,12 @@ class TextConfig(BaseModel):
     def response_format(self) -> dict[str, Any] | None:
         """The chat route's ``response_format``."""
         if isinstance(self.format, JsonSchemaFormat):
-            schema = {"name": self.format.name, "schema": self.format.schema_, "description": self.format.description, "strict": self.format.strict}
+            schema = {
+                "name": self.format.name,
+                "schema": self.format.schema_,
+                "description": self.format.description,
+                "strict": self.format.strict,
+            }
             return {"type": "json_schema", "json_schema": schema}
         return None if self.format is None else {"type": self.format.type}
 
@@ -274,20 +294,30 @@ class ResponsesRequest(SamplingOptions):
 
     def messages(self) -> list[dict[str, Any]]:
         """The chat's messages: ``instructions`` first, then the input items in order."""
-        messages: list[dict[str, Any]] = [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+        messages: list[dict[str, Any]] = (
+            [] if self.instructions is None else [{"role": "system", "content": self.instructions}]
+        )
         items = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else self.input
         for number, item in enumerate(items):
             if isinstance(item, MessageItem):
                 messages.append({"role": item.role, "content": _as_chat_content(item.content)})
             elif isinstance(item, FunctionCallItem):
-                call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
-                follows_assistant = number > 0 and messages[-1]["role"] == "assistant"  # one turn: its text, then its calls
+                call = {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+                follows_assistant = (
+                    number > 0 and messages[-1]["role"] == "assistant"
+                )  # one turn: its text, then its calls
                 if follows_assistant:
                     messages[-1].setdefault("tool_calls", []).append(call)
                 else:
                     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
             else:
-                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _as_chat_content(item.output)})
+                messages.append(
+                    {"role": "tool", "tool_call_id": item.call_id, "content": _as_chat_content(item.output)}
+                )
         return messages
 
     def to_chat(self) -> ChatCompletionRequest:
@@ -312,7 +342,9 @@ class ResponsesRequest(SamplingOptions):
             error = exc.errors()[0]
             location = [str(part) for part in error.get("loc", ())]
             field = CHAT_TO_RESPONSES.get(location[0], location[0]) if location else None
-            raise APIError(400, f"{'.'.join([field or '', *location[1:]])}: {error.get('msg', 'invalid')}", param=field) from None
+            raise APIError(
+                400, f"{'.'.join([field or '', *location[1:]])}: {error.get('msg', 'invalid')}", param=field
+            ) from None
 
     def _chat_tool_choice(self) -> Any:
         if isinstance(self.tool_choice, FunctionChoice):

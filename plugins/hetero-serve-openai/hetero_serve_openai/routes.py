@@ -53,7 +53,12 @@ def add_model_routes(app: FastAPI, service: Service) -> None:
     """OpenAI's model list and model card."""
 
     def model_card() -> dict[str, Any]:
-        card: dict[str, Any] = {"id": service.model_name, "object": "model", "created": service.started, "owned_by": "hetero-infer"}
+        card: dict[str, Any] = {
+            "id": service.model_name,
+            "object": "model",
+            "created": service.started,
+            "owned_by": "hetero-infer",
+        }
         if service.backend.max_model_len is not None:
             card["max_model_len"] = service.backend.max_model_len
         return card
@@ -65,7 +70,12 @@ def add_model_routes(app: FastAPI, service: Service) -> None:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
         if model_id != service.model_name:
-            raise APIError(404, f"model {model_id!r} does not exist; this server serves {service.model_name!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {model_id!r} does not exist; this server serves {service.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         return model_card()
 
 

@@ -106,7 +106,9 @@ def serve(config: EngineConfig) -> None:
     server = server_config(config)
     log.info("serving", host=server.host, port=server.port, backend=backend_name(config))
     if not is_loopback(server.host) and api_key(server) is None:
-        log.warning("serving beyond this machine without an API key: anyone who can reach it may use it", host=server.host)
+        log.warning(
+            "serving beyond this machine without an API key: anyone who can reach it may use it", host=server.host
+        )
     server = Server(app, config, log_level="warning")
     server.run()
     if server.failure is not None:

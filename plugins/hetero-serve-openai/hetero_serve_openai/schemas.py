@@ -39,7 +39,9 @@ def _prompt_forms(value: Any, handler: Any, _info: ValidationInfo) -> Any:
     except ValueError as exc:
         if "lone surrogate" in str(exc):
             raise ValueError("prompt must be valid Unicode text (it holds a lone surrogate)") from None
-        raise ValueError("must be a string, a list of strings, a list of token ids or a list of lists of token ids") from None
+        raise ValueError(
+            "must be a string, a list of strings, a list of token ids or a list of lists of token ids"
+        ) from None
 
 
 Prompt = Annotated[Union[Text, list[Text], TokenIds, list[TokenIds]], WrapValidator(_prompt_forms)]
@@ -212,13 +214,21 @@ class ChatMessage(BaseModel):
 
     def to_template(self) -> dict[str, Any]:
         """The message as the chat template takes it (``developer`` is rendered as ``system``)."""
-        content = self.content if isinstance(self.content, str) or self.content is None else "".join(p.text for p in self.content)
+        content = (
+            self.content
+            if isinstance(self.content, str) or self.content is None
+            else "".join(p.text for p in self.content)
+        )
         message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
         if self.tool_calls:  # templates read the arguments as an object, as transformers passes them
             message["tool_calls"] = [
-                {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _object_or_text(c.function.arguments)}}
+                {
+                    "id": c.id,
+                    "type": c.type,
+                    "function": {"name": c.function.name, "arguments": _object_or_text(c.function.arguments)},
+                }
                 for c in self.tool_calls
             ]
         if self.tool_call_id is not None:
@@ -245,10 +255,16 @@ class ChatRendering(BaseModel):
         """Both true is a 400, as in vLLM: the continued turn cannot also be followed by a new one."""
         reserved = sorted(set(self.chat_template_kwargs or ()) & TEMPLATE_VARIABLES)
         if reserved:
-            raise APIError(400, f"chat_template_kwargs may not set {', '.join(reserved)}: they have fields of their own", param="chat_template_kwargs")
+            raise APIError(
+                400,
+                f"chat_template_kwargs may not set {', '.join(reserved)}: they have fields of their own",
+                param="chat_template_kwargs",
+            )
         if self.add_generation_prompt and self.continue_final_message:
             raise APIError(
-                400, "continue_final_message needs add_generation_prompt: false (both cannot be true)", param="continue_final_message"
+                400,
+                "continue_final_message needs add_generation_prompt: false (both cannot be true)",
+                param="continue_final_message",
             )
 
 

@@ -26,7 +26,10 @@ class Service:
         """The backend, if it serves ``requested_model`` and can take a request now; else the APIError saying why."""
         if requested_model is not None and requested_model != self.model_name:
             raise APIError(
-                404, f"the model {requested_model!r} does not exist; this server serves {self.model_name!r}", param="model", code="model_not_found"
+                404,
+                f"the model {requested_model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                code="model_not_found",
             )
         if self.backend.error is not None:
             raise APIError(503, "the backend is out of service")

@@ -20,7 +20,17 @@ from typing import Any
 
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-SCHEMA_VALUES = ("items", "additionalItems", "unevaluatedItems", "additionalProperties", "contains", "not", "if", "then", "else")
+SCHEMA_VALUES = (
+    "items",
+    "additionalItems",
+    "unevaluatedItems",
+    "additionalProperties",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+)
 KEY_LISTS = ("properties", "patternProperties")
 
 
@@ -50,7 +60,9 @@ def _closed(schema: Any, *, in_all_of: bool) -> Any:
         closed["allOf"] = [_closed(member, in_all_of=True) for member in members]
     if in_all_of or "additionalProperties" in closed or "unevaluatedProperties" in closed:
         return closed
-    for key in KEY_LISTS if isinstance(members, list) else ():  # the keys of every member, open here: they constrain there
+    for key in (
+        KEY_LISTS if isinstance(members, list) else ()
+    ):  # the keys of every member, open here: they constrain there
         names = [name for member in members if isinstance(member, dict) for name in member.get(key) or {}]
         if names:
             closed[key] = {name: {} for name in names} | (closed.get(key) or {})

@@ -46,7 +46,9 @@ class FunctionDefinition(BaseModel):
     name: str = Field(pattern=NAME_PATTERN)
     description: Text | None = None
     parameters: JSONObject | None = None
-    strict: bool | None = None  # calls are schema-valid and hold the declared parameters either way; strict closes nested objects too
+    strict: bool | None = (
+        None  # calls are schema-valid and hold the declared parameters either way; strict closes nested objects too
+    )
 
     @field_validator("parameters")
     @classmethod
@@ -103,7 +105,9 @@ class ToolFields(BaseModel):
         """The plan, or a 400 naming the field that makes the request contradictory."""
         for legacy in ("functions", "function_call"):
             if getattr(self, legacy) is not None:
-                raise APIError(400, f"{legacy} is deprecated and not supported: send tools and tool_choice", param=legacy)
+                raise APIError(
+                    400, f"{legacy} is deprecated and not supported: send tools and tool_choice", param=legacy
+                )
         if self.tools is None:
             if self.tool_choice not in (None, "none"):
                 raise APIError(400, "tool_choice needs tools", param="tool_choice")
@@ -119,24 +123,34 @@ class ToolFields(BaseModel):
             return NO_TOOLS
         if has_structured_output:
             raise APIError(
-                400, "tools and a response format both constrain the output: give one (or tool_choice none)", param="tools"
+                400,
+                "tools and a response format both constrain the output: give one (or tool_choice none)",
+                param="tools",
             )
         shown = tuple(tool.model_dump(exclude_none=True) for tool in self.tools)
         if choice == "auto":
             if not any(function.strict for function in functions.values()):
                 return ToolPlan(shown, frozenset(functions), None, True)
-            constraint = tool_calls_constraint(list(functions.values()), several=self.parallel_tool_calls, free_text=True)
+            constraint = tool_calls_constraint(
+                list(functions.values()), several=self.parallel_tool_calls, free_text=True
+            )
             return ToolPlan(shown, frozenset(functions), constraint, True)
         if choice == "required":
             constraint = tool_calls_constraint(list(functions.values()), several=self.parallel_tool_calls)
         else:
             if choice.function.name not in functions:
-                raise APIError(400, f"tool_choice names {choice.function.name!r}, which is not among the tools", param="tool_choice")
+                raise APIError(
+                    400,
+                    f"tool_choice names {choice.function.name!r}, which is not among the tools",
+                    param="tool_choice",
+                )
             constraint = tool_calls_constraint([functions[choice.function.name]], several=False)
         return ToolPlan(shown, frozenset(functions), constraint, True, is_forced=True)
 
 
-def tool_calls_constraint(functions: list[FunctionDefinition], *, several: bool, free_text: bool = False) -> StructuredOutput:
+def tool_calls_constraint(
+    functions: list[FunctionDefinition], *, several: bool, free_text: bool = False
+) -> StructuredOutput:
     """Calls of ``functions`` (one, or ``several``; alone, or in ``free_text``), each with its :func:`arguments_schema`."""
     schemas = {function.name: arguments_schema(function) for function in functions}
     return StructuredOutput.tool_calls(schemas, several=several, free_text=free_text)

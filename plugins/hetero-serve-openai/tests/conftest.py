@@ -20,7 +20,6 @@ import pytest
 import structlog
 
 from hetero_core import plugins
-
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.logs import LIBRARY_LOGGER
@@ -81,7 +80,9 @@ def installed_plugins() -> Iterator[None]:
 class RunningServer:
     """``create_app`` served by uvicorn on a free loopback port; ``engine_factory`` replaces how the engine is built."""
 
-    def __init__(self, config: EngineConfig, *, engine_factory: Callable[[EngineConfig], InferenceEngine] | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, *, engine_factory: Callable[[EngineConfig], InferenceEngine] | None = None
+    ) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -135,7 +136,9 @@ def mock_server_config(**overrides: Any) -> EngineConfig:
 @pytest.fixture(scope="session")
 def model_server() -> Iterator[RunningServer]:
     """The embedded SmolLM2 in float32 (deterministic greedy answers), loaded once for every module."""
-    config = EngineConfig(executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, server={"model_name": "smollm2"})
+    config = EngineConfig(
+        executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, server={"model_name": "smollm2"}
+    )
     with installed_plugins():  # its tests are integration tests; a core module may be the first to ask for it
         server = RunningServer(config).start()
     try:
@@ -146,6 +149,8 @@ def model_server() -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="module")
 def mock_server() -> Iterator[RunningServer]:
-    config = mock_server_config(executor={"name": "mock", "vocab_size": 128, "step_latency": 0.003}, server={"model_name": "mock"})
+    config = mock_server_config(
+        executor={"name": "mock", "vocab_size": 128, "step_latency": 0.003}, server={"model_name": "mock"}
+    )
     with RunningServer(config) as server:
         yield server

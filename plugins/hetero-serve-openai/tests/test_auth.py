@@ -41,7 +41,10 @@ def test_the_key_is_checked_before_the_body_is_parsed(keyed_server) -> None:
     assert malformed.headers["www-authenticate"] == "Bearer"
     huge = httpx.post(f"{keyed_server.url}/v1/completions", content=b"x" * (5 * 1024 * 1024), headers=headers)
     assert huge.status_code == 401
-    assert httpx.post(f"{keyed_server.url}/v1/completions", content=b"{not json", headers={**headers, **KEY}).status_code == 400
+    assert (
+        httpx.post(f"{keyed_server.url}/v1/completions", content=b"{not json", headers={**headers, **KEY}).status_code
+        == 400
+    )
 
 
 def test_health_metrics_and_docs_are_open_by_default(keyed_server) -> None:

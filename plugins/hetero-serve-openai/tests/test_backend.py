@@ -40,7 +40,10 @@ def manager(*plugins: object):
 
 def test_the_built_ins_satisfy_the_protocol() -> None:
     local = create_backend(EngineConfig(), plugin_manager=manager())
-    bridge = create_backend(EngineConfig.from_mapping({"server": {"backend": "command_bridge", "command": ["echo"]}}), plugin_manager=manager())
+    bridge = create_backend(
+        EngineConfig.from_mapping({"server": {"backend": "command_bridge", "command": ["echo"]}}),
+        plugin_manager=manager(),
+    )
     assert isinstance(local, AsyncEngine) and isinstance(bridge, CommandBridge)
     assert isinstance(local, ServingBackend) and isinstance(bridge, ServingBackend)
     assert local.engine_metrics() == {} and local.max_model_len is None  # nothing loaded yet
@@ -53,7 +56,9 @@ def test_an_unknown_backend_lists_the_installed_ones() -> None:
 
 
 def test_replicas_pick_the_data_parallel_backend_with_its_options() -> None:
-    config = EngineConfig.from_mapping({"data_parallel_size": 3, "server": {"backend_options": {"routing": "least_loaded"}}})
+    config = EngineConfig.from_mapping(
+        {"data_parallel_size": 3, "server": {"backend_options": {"routing": "least_loaded"}}}
+    )
     assert backend_name(config) == "ray"
     assert create_backend(config, plugin_manager=manager(ReplicatedPlugin())) == ("ray", 3, "least_loaded")
 
@@ -70,7 +75,9 @@ def test_backend_options_a_backend_does_not_take_are_refused_by_name() -> None:
 
 
 def test_a_bridge_cannot_be_replicated() -> None:
-    config = EngineConfig.from_mapping({"data_parallel_size": 2, "server": {"backend": "command_bridge", "command": ["echo"]}})
+    config = EngineConfig.from_mapping(
+        {"data_parallel_size": 2, "server": {"backend": "command_bridge", "command": ["echo"]}}
+    )
     with pytest.raises(ConfigError, match="backend 'command_bridge' has no engine to replicate"):
         backend_name(config)
 
@@ -140,7 +147,10 @@ def third_party(tmp_path, monkeypatch):
     def config(capabilities: list[str] | None) -> EngineConfig:
         options = {} if capabilities is None else {"capabilities": capabilities}
         return EngineConfig.from_mapping(
-            {"plugins": {"load": ["echo_backend"]}, "server": {"backend": "echo", "backend_options": options, "model_name": "echo"}}
+            {
+                "plugins": {"load": ["echo_backend"]},
+                "server": {"backend": "echo", "backend_options": options, "model_name": "echo"},
+            }
         )
 
     return config
@@ -162,14 +172,19 @@ def third_party(tmp_path, monkeypatch):
 )
 def test_a_backend_that_declares_nothing_gets_only_the_baseline(third_party, body: dict, param: str) -> None:
     with RunningServer(third_party(None)) as server:
-        assert httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "temperature": 0, "top_p": 0.5}).json()[
-            "choices"
-        ][0]["text"] == "hi seed=None"
+        assert (
+            httpx.post(
+                f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "temperature": 0, "top_p": 0.5}
+            ).json()["choices"][0]["text"]
+            == "hi seed=None"
+        )
         refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", **body})
         assert refused.status_code == 400
         assert refused.json()["error"] == {
             "message": f"{param} is not supported by this server's backend 'echo'",
-            "type": "invalid_request_error", "param": param, "code": "unsupported_parameter",
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "unsupported_parameter",
         }
 
 
@@ -179,12 +194,16 @@ def test_a_declared_capability_is_passed_and_the_rest_still_refused(third_party)
         response = client.completions.create(model="echo", prompt="hi", seed=7, n=2)
         assert [c.text for c in response.choices] == ["hi seed=7", "hi seed=7"]
         with pytest.raises(openai.BadRequestError) as refused:
-            client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "hi"}], seed=7, logit_bias={"3": 1})
+            client.chat.completions.create(
+                model="echo", messages=[{"role": "user", "content": "hi"}], seed=7, logit_bias={"3": 1}
+            )
         assert refused.value.body["param"] == "logit_bias"
 
 
 def test_a_misspelt_capability_stops_the_server_from_starting(third_party) -> None:
-    with pytest.raises(ConfigError, match="serving backend 'echo' declares unknown capabilities 'logprob'; known: .*logprobs"):
+    with pytest.raises(
+        ConfigError, match="serving backend 'echo' declares unknown capabilities 'logprob'; known: .*logprobs"
+    ):
         create_app(third_party(["seed", "logprob"]))
 
 

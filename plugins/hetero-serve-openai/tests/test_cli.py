@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from hetero_serve_openai import run
-from hetero_serve_openai.config import server_config
 
 from hetero_core.cli.main import build_parser, main
 from hetero_core.cli.options import engine_config
+from hetero_serve_openai import run
+from hetero_serve_openai.config import server_config
 
 MOCK = ["--tokenizer", "simple", "--executor", "mock", "--block-size", "4"]
 
@@ -26,10 +26,24 @@ def test_server_keys_are_set_with_o_over_the_config_file(tmp_path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"server": {"port": 9000, "command": "old-program"}}))
     args = build_parser().parse_args(
-        ["--config", str(path), "-o", "server.backend=command_bridge", "-o", "server.command=my-bridge --fast", "-o", "server.command_timeout=5"]
+        [
+            "--config",
+            str(path),
+            "-o",
+            "server.backend=command_bridge",
+            "-o",
+            "server.command=my-bridge --fast",
+            "-o",
+            "server.command_timeout=5",
+        ]
     )
     server = server_config(engine_config(args))
-    assert (server.backend, server.command, server.command_timeout, server.port) == ("command_bridge", ("my-bridge", "--fast"), 5, 9000)
+    assert (server.backend, server.command, server.command_timeout, server.port) == (
+        "command_bridge",
+        ("my-bridge", "--fast"),
+        5,
+        9000,
+    )
 
 
 @pytest.mark.parametrize("spelling", [["serve"], ["--serve"], ["generate", "--serve"]])
@@ -44,9 +58,15 @@ def test_serve_and_the_seed_flag_take_the_server_flags_over_the_file(tmp_path, s
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["-o", "server.colour=red"], "unknown config key(s) server.colour; allowed: api_key, backend, backend_options, command,"),
+        (
+            ["-o", "server.colour=red"],
+            "unknown config key(s) server.colour; allowed: api_key, backend, backend_options, command,",
+        ),
         (["-o", "server.port=99999"], "port must be an integer in [0, 65535], got 99999"),
-        (["-o", "server.backend=command_bridge"], "server.command must name the program to run for backend 'command_bridge'"),
+        (
+            ["-o", "server.backend=command_bridge"],
+            "server.command must name the program to run for backend 'command_bridge'",
+        ),
     ],
 )
 def test_bad_server_keys_are_one_line_errors_with_status_2(flags, message: str, served, capsys) -> None:
@@ -85,5 +105,20 @@ def test_batch_needs_an_input_file(capsys) -> None:
 def test_replicas_of_an_input_file_go_to_the_batch_command(tmp_path, capsys) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\n")
-    assert main(["--input-file", str(prompts), "--data-parallel-size", "2", "-o", "server.backend=command_bridge", "-o", "server.command=x", *MOCK]) == 2
+    assert (
+        main(
+            [
+                "--input-file",
+                str(prompts),
+                "--data-parallel-size",
+                "2",
+                "-o",
+                "server.backend=command_bridge",
+                "-o",
+                "server.command=x",
+                *MOCK,
+            ]
+        )
+        == 2
+    )
     assert "has no engine to replicate" in capsys.readouterr().err  # the batch command read the serving config

@@ -58,7 +58,9 @@ def test_parameters_the_backend_does_not_honour_are_refused_by_name() -> None:
     backend = AsyncEngine(mock_server_config())
     backend.capabilities = frozenset({"n"})
     with BackendClient(backend, name="narrow") as client:
-        with pytest.raises(ValidationError, match="logit_bias is not supported by the serving backend 'narrow'") as refused:
+        with pytest.raises(
+            ValidationError, match="logit_bias is not supported by the serving backend 'narrow'"
+        ) as refused:
             client.generate(["hi"], GenerationParams(max_tokens=2, logit_bias={3: 1.0}))
         assert refused.value.param == "logit_bias"
         with pytest.raises(ValidationError, match="stop"):
@@ -80,7 +82,14 @@ def test_a_backend_that_cannot_load_raises() -> None:
 
 
 def test_the_data_parallel_flags_set_the_config_keys() -> None:
-    arguments = ["--data-parallel-size", "3", "-o", "server.backend_options.address=10.0.0.1:6379", "-o", "server.backend_options.max_restarts=2"]
+    arguments = [
+        "--data-parallel-size",
+        "3",
+        "-o",
+        "server.backend_options.address=10.0.0.1:6379",
+        "-o",
+        "server.backend_options.max_restarts=2",
+    ]
     config = engine_config(build_parser().parse_args(arguments))
     assert config.data_parallel_size == 3
     assert config.server["backend_options"] == {"address": "10.0.0.1:6379", "max_restarts": 2}

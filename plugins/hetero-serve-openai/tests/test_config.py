@@ -5,21 +5,28 @@ from __future__ import annotations
 import json
 
 import pytest
-from hetero_serve_openai.config import ServerConfig, server_config
 
 from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
+from hetero_serve_openai.config import ServerConfig, server_config
 
 
 def test_the_section_is_read_with_its_defaults() -> None:
     server = server_config(EngineConfig.from_mapping({"server": {"port": 9, "command": "bridge --fast"}}))
-    assert (server.host, server.port, server.command, server.backend) == ("127.0.0.1", 9, ("bridge", "--fast"), "local_engine")
+    assert (server.host, server.port, server.command, server.backend) == (
+        "127.0.0.1",
+        9,
+        ("bridge", "--fast"),
+        "local_engine",
+    )
     assert server_config(EngineConfig()) == ServerConfig()
 
 
 def test_the_seed_config_file_with_its_server_section_loads(tmp_path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"block_size": 16, "server": {"host": "0.0.0.0", "port": 8080, "backend": "local_engine"}}))
+    path.write_text(
+        json.dumps({"block_size": 16, "server": {"host": "0.0.0.0", "port": 8080, "backend": "local_engine"}})
+    )
     server = server_config(EngineConfig.from_file(path))
     assert (server.host, server.port) == ("0.0.0.0", 8080)
 

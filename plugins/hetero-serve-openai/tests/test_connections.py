@@ -89,7 +89,13 @@ def test_resource_exhaustion_is_logged_once_per_interval() -> None:
     try:
         with structlog.testing.capture_logs() as logs:
             for _ in range(1000):
-                handler(loop, {"message": "socket.accept() out of system resource", "exception": OSError(errno.EMFILE, "Too many open files")})
+                handler(
+                    loop,
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": OSError(errno.EMFILE, "Too many open files"),
+                    },
+                )
         assert len(logs) == 1 and logs[0]["log_level"] == "warning" and "Too many open files" in logs[0]["error"]
     finally:
         loop.close()
@@ -110,7 +116,9 @@ def test_a_flood_past_the_file_descriptor_limit_is_survived_quietly(tmp_path) ->
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "server": {"port": port}}))
+    config.write_text(
+        json.dumps({"tokenizer": "simple", "executor": {"name": "mock", "vocab_size": 128}, "server": {"port": port}})
+    )
     limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))  # noqa: E731
     command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(config)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=limit)

@@ -14,7 +14,10 @@ pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model,
 SELF_REFERENCE = {"$ref": "#"}
 NO_BASE_CASE = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 EVERY_LEVEL_REQUIRED = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
-THOUSAND_STRINGS = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 4} for i in range(1000)}}
+THOUSAND_STRINGS = {
+    "type": "object",
+    "properties": {f"field_{i}": {"type": "string", "maxLength": 4} for i in range(1000)},
+}
 CHAT = "/v1/chat/completions"
 
 REFUSED = [
@@ -33,7 +36,10 @@ REFUSED = [
     (CHAT, {"guided_regex": "[^\\x00-\\x{10FFFF}]", "stream": True}, "guided_regex", "no text satisfies the regex"),
     (
         CHAT,
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": SELF_REFERENCE}}], "tool_choice": "required"},
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": SELF_REFERENCE}}],
+            "tool_choice": "required",
+        },
         "tools",
         "a function's parameters schema cannot be used: no text satisfies",
     ),
@@ -45,7 +51,9 @@ REFUSED = [
     REFUSED,
     ids=[f"{'chat' if path == CHAT else 'completions'}-{param}-{i}" for i, (path, _, param, _) in enumerate(REFUSED)],
 )
-def test_a_constraint_no_first_token_can_start_is_a_400_naming_its_field(model_server, path, fields, param, message) -> None:
+def test_a_constraint_no_first_token_can_start_is_a_400_naming_its_field(
+    model_server, path, fields, param, message
+) -> None:
     body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
     response = httpx.post(f"{model_server.url}{path}", json={**body, "max_tokens": 8, **fields}, timeout=120)
     assert response.status_code == 400, response.text
@@ -60,7 +68,10 @@ def test_a_thousand_optional_string_properties_work_like_any_schema(model_server
         model="smollm2",
         messages=[{"role": "user", "content": "Fill in a few of the fields as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "fields", "schema": THOUSAND_STRINGS}},
-        max_tokens=60, temperature=1.0, seed=5, n=3,
+        max_tokens=60,
+        temperature=1.0,
+        seed=5,
+        n=3,
     )
     for choice in response.choices:
         text = choice.message.content

@@ -21,7 +21,11 @@ TEXTS = [
 ]
 CHATS = [
     [{"role": "user", "content": "Hi!"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ],
 ]
 
 
@@ -36,7 +40,9 @@ def exported(tmp_path_factory, model_server) -> AutoTokenizer:
 @pytest.mark.parametrize("text", TEXTS)
 def test_text_tokenizes_and_decodes_as_on_the_server(exported, model_server, text: str) -> None:
     for add_special_tokens in (True, False):
-        served = httpx.post(f"{model_server.url}/tokenize", json={"prompt": text, "add_special_tokens": add_special_tokens}, timeout=60)
+        served = httpx.post(
+            f"{model_server.url}/tokenize", json={"prompt": text, "add_special_tokens": add_special_tokens}, timeout=60
+        )
         assert exported.encode(text, add_special_tokens=add_special_tokens) == served.json()["tokens"]
     tokens = served.json()["tokens"]
     decoded = httpx.post(f"{model_server.url}/detokenize", json={"tokens": tokens}, timeout=60).json()["prompt"]
@@ -46,7 +52,9 @@ def test_text_tokenizes_and_decodes_as_on_the_server(exported, model_server, tex
 @pytest.mark.parametrize("messages", CHATS)
 def test_the_chat_template_renders_as_on_the_server(exported, model_server, messages: list) -> None:
     served = httpx.post(f"{model_server.url}/tokenize", json={"messages": messages}, timeout=60).json()["tokens"]
-    assert exported.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == served
+    assert (
+        exported.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False) == served
+    )
 
 
 def test_the_config_names_the_special_tokens(exported, model_server) -> None:

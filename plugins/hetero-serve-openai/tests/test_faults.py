@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from hetero_core.builtin.mock_executor import MockExecutor
 from hetero_core.config import EngineConfig
-from hetero_core.errors import ConfigError
 from hetero_core.engine import InferenceEngine
+from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import hookimpl
 from hetero_core.plugins import create_plugin_manager
 from hetero_serve_openai.app import create_app
@@ -54,7 +54,11 @@ class StumblingEngine(InferenceEngine):
 def stream_events(url: str, body: dict) -> list[Any]:
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=30) as response:
         assert response.status_code == 200
-        return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]" for line in response.iter_lines() if line.startswith("data: ")]
+        return [
+            json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+            for line in response.iter_lines()
+            if line.startswith("data: ")
+        ]
 
 
 def assert_internal_error(body: dict) -> None:
@@ -97,7 +101,9 @@ def test_an_engine_that_fails_to_build_stops_the_server() -> None:
 
 def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -> None:
     def build(config: EngineConfig) -> InferenceEngine:
-        pm = create_plugin_manager(entry_points=False, load=[SERVER_PLUGIN, *config.plugins.load])  # the reference components
+        pm = create_plugin_manager(
+            entry_points=False, load=[SERVER_PLUGIN, *config.plugins.load]
+        )  # the reference components
         pm.register(FailingExecutorPlugin())
         return InferenceEngine(config, plugin_manager=pm)
 
@@ -110,7 +116,9 @@ def test_a_failing_batch_answers_500_for_every_sample_and_the_server_goes_on() -
         events = stream_events(url, {"prompt": POISON, "max_tokens": 5})
         assert events[-1] == "[DONE]"
         assert_internal_error(events[-2])
-        good = httpx.post(f"{url}/v1/completions", json={"prompt": "fine", "max_tokens": 20, "temperature": 0}, timeout=30)
+        good = httpx.post(
+            f"{url}/v1/completions", json={"prompt": "fine", "max_tokens": 20, "temperature": 0}, timeout=30
+        )
         assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 20
         assert server.engine.get_memory_stats().used_blocks == 0
 
@@ -153,7 +161,11 @@ class OutOfServiceBackend:
 
 def test_unauthenticated_endpoints_keep_the_reason_to_the_log() -> None:
     with TestClient(create_app(mock_server_config(), OutOfServiceBackend())) as client:
-        for response in (client.get("/readyz"), client.get("/metrics"), client.post("/v1/completions", json={"prompt": "x"})):
+        for response in (
+            client.get("/readyz"),
+            client.get("/metrics"),
+            client.post("/v1/completions", json={"prompt": "x"}),
+        ):
             assert response.status_code in (200, 503)
             assert "/srv/secret" not in response.text and "ConfigError" not in response.text
         assert client.get("/readyz").json() == {"status": "not ready", "detail": "the backend is out of service"}
@@ -186,7 +198,12 @@ def test_a_response_that_fails_mid_stream_ends_with_an_error_and_response_failed
             assert response.status_code == 200
             events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
     kinds = [event["type"] for event in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert "response.output_text.delta" in kinds and kinds[-2:] == ["error", "response.failed"]
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     assert_internal_error({"error": events[-2]})

@@ -32,7 +32,12 @@ def test_chat_answers_for_real(client) -> None:
 def test_streaming_chat_equals_the_whole_answer(client) -> None:
     whole = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=20, temperature=0)
     stream = client.chat.completions.create(
-        model="smollm2", messages=CHAT, max_tokens=20, temperature=0, stream=True, stream_options={"include_usage": True}
+        model="smollm2",
+        messages=CHAT,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -50,7 +55,9 @@ def test_completion_length_and_echo(client) -> None:
 
 
 def test_several_prompts_and_samples(client) -> None:
-    response = client.completions.create(model="smollm2", prompt=["One", "Two"], max_tokens=4, n=2, temperature=0.8, seed=3)
+    response = client.completions.create(
+        model="smollm2", prompt=["One", "Two"], max_tokens=4, n=2, temperature=0.8, seed=3
+    )
     assert sorted(c.index for c in response.choices) == [0, 1, 2, 3]
     assert response.usage.completion_tokens == 16
 
@@ -58,7 +65,9 @@ def test_several_prompts_and_samples(client) -> None:
 def test_stop_strings_end_the_text(client) -> None:
     free = client.completions.create(model="smollm2", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0)
     stop = free.choices[0].text[3:5]
-    stopped = client.completions.create(model="smollm2", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop])
+    stopped = client.completions.create(
+        model="smollm2", prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=[stop]
+    )
     assert stopped.choices[0].text == free.choices[0].text[: free.choices[0].text.index(stop)]
     assert stopped.choices[0].finish_reason == "stop"
 
@@ -69,7 +78,9 @@ def test_logprobs(client) -> None:
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 3
     assert all(lp <= 0 for lp in logprobs.token_logprobs)
     assert all(len(top) <= 2 for top in logprobs.top_logprobs)
-    chat = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+    chat = client.chat.completions.create(
+        model="smollm2", messages=CHAT, max_tokens=3, temperature=0, logprobs=True, top_logprobs=2
+    )
     entries = chat.choices[0].logprobs.content
     assert len(entries) == 3 and all(len(e.top_logprobs) == 2 for e in entries)
     assert entries[0].top_logprobs[0].logprob == pytest.approx(entries[0].logprob)  # greedy picks the top
@@ -88,7 +99,12 @@ def test_a_response_message_goes_back_as_the_sdk_dumps_it(client) -> None:
     first = client.chat.completions.create(model="smollm2", messages=CHAT, max_tokens=20, temperature=0)
     answer = first.choices[0].message.model_dump()
     assert answer["refusal"] is None and "audio" in answer and "function_call" in answer  # what the SDK adds
-    named = [{"role": "system", "content": "You are a geography teacher.", "name": "teacher"}, {**CHAT[0], "name": "alice"}]
+    named = [
+        {"role": "system", "content": "You are a geography teacher.", "name": "teacher"},
+        {**CHAT[0], "name": "alice"},
+    ]
     follow_up = {"role": "user", "content": "And what is the capital of Italy?", "name": "alice"}
-    second = client.chat.completions.create(model="smollm2", messages=[*named, answer, follow_up], max_tokens=20, temperature=0)
+    second = client.chat.completions.create(
+        model="smollm2", messages=[*named, answer, follow_up], max_tokens=20, temperature=0
+    )
     assert second.choices[0].finish_reason == "stop" and second.choices[0].message.content

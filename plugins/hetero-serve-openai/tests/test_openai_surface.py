@@ -10,8 +10,8 @@ import openai
 import pydantic
 import pytest
 
-from hetero_serve_openai.schemas import ChatCompletionRequest, CompletionRequest
 from hetero_core.tool_prompt import inline_tools
+from hetero_serve_openai.schemas import ChatCompletionRequest, CompletionRequest
 
 pytestmark = [pytest.mark.model, pytest.mark.integration]  # the embedded model, through the installed plugins
 
@@ -30,7 +30,9 @@ def client(model_server) -> openai.OpenAI:
 
 
 def test_parse_with_a_pydantic_model(client) -> None:
-    completion = client.beta.chat.completions.parse(model="smollm2", messages=CITY, response_format=City, max_tokens=80, temperature=0)
+    completion = client.beta.chat.completions.parse(
+        model="smollm2", messages=CITY, response_format=City, max_tokens=80, temperature=0
+    )
     city = completion.choices[0].message.parsed
     assert isinstance(city, City) and completion.choices[0].finish_reason == "stop"
 
@@ -50,7 +52,10 @@ def test_json_keys_come_in_the_order_of_the_schema(client) -> None:
     }
     question = [{"role": "user", "content": "How far is Paris from Lyon? Think, then answer."}]
     completion = client.chat.completions.create(
-        model="smollm2", messages=question, max_tokens=120, temperature=0,
+        model="smollm2",
+        messages=question,
+        max_tokens=120,
+        temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "distance", "schema": schema}},
     )
     value = json.loads(completion.choices[0].message.content)
@@ -59,11 +64,20 @@ def test_json_keys_come_in_the_order_of_the_schema(client) -> None:
 
 @pytest.mark.parametrize("strict", [True, False])
 def test_strict_keeps_out_keys_the_schema_does_not_list(client, model_server, strict) -> None:
-    schema = {"type": "object", "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["digit"]}
+    schema = {
+        "type": "object",
+        "properties": {"digit": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["digit"],
+    }
     tokenizer = model_server.engine.tokenizer
-    more_keys = {str(tokenizer.encode(text, add_special_tokens=False)[0]): 100 for text in (",", ", ")}  # another key, if allowed
+    more_keys = {
+        str(tokenizer.encode(text, add_special_tokens=False)[0]): 100 for text in (",", ", ")
+    }  # another key, if allowed
     completion = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Pick a digit, as JSON."}], max_tokens=24, temperature=0,
+        model="smollm2",
+        messages=[{"role": "user", "content": "Pick a digit, as JSON."}],
+        max_tokens=24,
+        temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "digit", "schema": schema, "strict": strict}},
         logit_bias=more_keys,
     )
@@ -76,7 +90,12 @@ def test_strict_keeps_out_keys_the_schema_does_not_list(client, model_server, st
 
 def test_json_object_streams_one_object(client) -> None:
     stream = client.chat.completions.create(
-        model="smollm2", messages=CITY, response_format={"type": "json_object"}, max_tokens=120, temperature=0, stream=True
+        model="smollm2",
+        messages=CITY,
+        response_format={"type": "json_object"},
+        max_tokens=120,
+        temperature=0,
+        stream=True,
     )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert isinstance(json.loads(text), dict)
@@ -84,12 +103,19 @@ def test_json_object_streams_one_object(client) -> None:
 
 def test_vllm_structured_outputs_on_both_endpoints(client) -> None:
     phone = client.completions.create(
-        model="smollm2", prompt="My phone number is", max_tokens=16, temperature=1.0, n=3, seed=4,
+        model="smollm2",
+        prompt="My phone number is",
+        max_tokens=16,
+        temperature=1.0,
+        n=3,
+        seed=4,
         extra_body={"structured_outputs": {"regex": r"\d{3}-\d{4}"}},
     )
     assert all(re.fullmatch(r"\d{3}-\d{4}", choice.text) for choice in phone.choices)
     answer = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "Is the sky blue?"}], max_tokens=8,
+        model="smollm2",
+        messages=[{"role": "user", "content": "Is the sky blue?"}],
+        max_tokens=8,
         extra_body={"guided_choice": ["yes", "no"]},
     )
     assert answer.choices[0].message.content in ("yes", "no")
@@ -101,7 +127,9 @@ def test_logit_bias_of_minus_100_removes_the_greedy_token(client, model_server) 
     assert "Paris" in plain.choices[0].message.content
     tokenizer = model_server.engine.tokenizer
     paris = {str(tokenizer.encode(word, add_special_tokens=False)[0]): -100 for word in (" Paris", "Paris")}
-    biased = client.chat.completions.create(model="smollm2", messages=question, max_tokens=12, temperature=0, logit_bias=paris)
+    biased = client.chat.completions.create(
+        model="smollm2", messages=question, max_tokens=12, temperature=0, logit_bias=paris
+    )
     assert "Paris" not in biased.choices[0].message.content
 
 
@@ -132,7 +160,9 @@ REFUSED = [
 ]
 
 
-@pytest.mark.parametrize(("path", "fields", "param"), REFUSED, ids=[f"{p.rsplit('/', 1)[1]}-{param}" for p, _, param in REFUSED])
+@pytest.mark.parametrize(
+    ("path", "fields", "param"), REFUSED, ids=[f"{p.rsplit('/', 1)[1]}-{param}" for p, _, param in REFUSED]
+)
 def test_unsupported_or_invalid_fields_are_400s_naming_them(mock_server, path, fields, param) -> None:
     body = {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
     response = httpx.post(f"{mock_server.url}{path}", json={**body, "max_tokens": 2, **fields}, timeout=30)
@@ -163,30 +193,53 @@ def test_a_wrong_method_is_a_typed_405(mock_server) -> None:
 
 def test_an_image_part_is_a_clear_400(mock_server) -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}], "max_tokens": 2}
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}],
+        "max_tokens": 2,
+    }
     response = httpx.post(f"{mock_server.url}/v1/chat/completions", json=body, timeout=30)
-    assert response.status_code == 400 and "image_url content parts are not supported" in response.json()["error"]["message"]
+    assert (
+        response.status_code == 400
+        and "image_url content parts are not supported" in response.json()["error"]["message"]
+    )
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("refusal", "I cannot help."), ("annotations", [{"type": "url_citation"}]), ("audio", {"id": "a1"}), ("function_call", {"name": "f"})],
+    [
+        ("refusal", "I cannot help."),
+        ("annotations", [{"type": "url_citation"}]),
+        ("audio", {"id": "a1"}),
+        ("function_call", {"name": "f"}),
+    ],
 )
 def test_a_message_field_the_server_cannot_honour_is_a_400_naming_it(mock_server, field, value) -> None:
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", field: value}, {"role": "user", "content": "z"}]
-    response = httpx.post(f"{mock_server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=30)
+    messages = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y", field: value},
+        {"role": "user", "content": "z"},
+    ]
+    response = httpx.post(
+        f"{mock_server.url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}, timeout=30
+    )
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"].startswith(f"messages.1.{field}: ")
 
 
 def test_empty_sdk_fields_are_taken_and_a_name_reaches_the_template(mock_server) -> None:
     empty = {"refusal": None, "annotations": [], "audio": None, "function_call": None, "tool_calls": []}
-    messages = [{"role": "user", "content": "x", "name": "alice", **empty}, {"role": "assistant", "content": "y", **empty}]
+    messages = [
+        {"role": "user", "content": "x", "name": "alice", **empty},
+        {"role": "assistant", "content": "y", **empty},
+    ]
     body = {"messages": [*messages, {"role": "user", "content": "z"}], "max_tokens": 2}
     assert httpx.post(f"{mock_server.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
     request = ChatCompletionRequest.model_validate(body)
     assert request.messages[0].to_template() == {"role": "user", "content": "x", "name": "alice"}
-    assert inline_tools([request.messages[0].to_template()], [{"type": "function", "function": {"name": "f"}}])[1]["name"] == "alice"
+    assert (
+        inline_tools([request.messages[0].to_template()], [{"type": "function", "function": {"name": "f"}}])[1]["name"]
+        == "alice"
+    )
 
 
 def test_top_k_of_minus_1_or_0_means_no_limit(mock_server) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .conftest import RunningServer, mock_server_config
 
@@ -30,7 +31,14 @@ NUMBER = st.one_of(
 )
 TOKEN_IDS = st.lists(st.one_of(st.integers(-1, 300), st.sampled_from(BIG), st.booleans()), max_size=5)
 ADVERSARIAL = st.one_of(
-    st.none(), st.booleans(), NUMBER, TEXT, TOKEN_IDS, st.lists(TOKEN_IDS, max_size=2), st.lists(TEXT, max_size=3), st.just({"a": 1})
+    st.none(),
+    st.booleans(),
+    NUMBER,
+    TEXT,
+    TOKEN_IDS,
+    st.lists(TOKEN_IDS, max_size=2),
+    st.lists(TEXT, max_size=3),
+    st.just({"a": 1}),
 )
 
 # Well-formed fields; each example then has up to two of its fields replaced by an adversarial value.
@@ -55,11 +63,17 @@ SAMPLING = {
     "user": WORDS,
     "model": st.just("mock"),
 }
-PROMPT = st.one_of(WORDS, st.lists(WORDS, min_size=1, max_size=3), st.lists(st.integers(0, 127), min_size=1, max_size=5))
+PROMPT = st.one_of(
+    WORDS, st.lists(WORDS, min_size=1, max_size=3), st.lists(st.integers(0, 127), min_size=1, max_size=5)
+)
 MESSAGES = st.lists(
     st.fixed_dictionaries(
         {"role": st.sampled_from(["system", "developer", "user", "assistant"])},
-        optional={"content": st.one_of(WORDS, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": WORDS}), max_size=2))},
+        optional={
+            "content": st.one_of(
+                WORDS, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": WORDS}), max_size=2)
+            )
+        },
     ),
     min_size=1,
     max_size=3,
@@ -69,7 +83,12 @@ COMPLETION = st.fixed_dictionaries(
 )
 CHAT = st.fixed_dictionaries(
     {"messages": MESSAGES},
-    optional={**SAMPLING, "max_completion_tokens": st.integers(1, 8), "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5)},
+    optional={
+        **SAMPLING,
+        "max_completion_tokens": st.integers(1, 8),
+        "logprobs": st.booleans(),
+        "top_logprobs": st.integers(0, 5),
+    },
 )
 FIELDS = [*SAMPLING, "prompt", "messages", "logprobs", "echo", "max_completion_tokens", "top_logprobs", "unknown_field"]
 MUTATIONS = st.lists(st.tuples(st.sampled_from(FIELDS), ADVERSARIAL), max_size=2)
@@ -93,7 +112,9 @@ def strict_json(text: str) -> Any:
 def assert_error_shape(document: Any) -> None:
     assert set(document) == {"error"}, document
     error = document["error"]
-    assert set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str) and error["message"], error
+    assert (
+        set(error) == {"message", "type", "param", "code"} and isinstance(error["message"], str) and error["message"]
+    ), error
 
 
 def check_answer(path: str, body: Any) -> None:
@@ -211,7 +232,10 @@ def test_adversarial_bodies_on_the_real_model(model_server, body: dict) -> None:
         ({"prompt": "x", "max_tokens": 2, "top_k": 9223372036854775808}, "top_k"),
         ({"prompt": "x", "max_tokens": 2, "top_k": 49153}, "top_k"),
         ({"prompt": "x", "max_tokens": 3, "repetition_penalty": 1e-300, "logprobs": 3}, "repetition_penalty"),
-        ({"prompt": "x", "max_tokens": 3, "repetition_penalty": 1e-300, "logprobs": 3, "stream": True}, "repetition_penalty"),
+        (
+            {"prompt": "x", "max_tokens": 3, "repetition_penalty": 1e-300, "logprobs": 3, "stream": True},
+            "repetition_penalty",
+        ),
     ],
 )
 def test_what_no_sampler_could_take_is_a_400_on_the_real_model(model_server, body: dict, param: str) -> None:
@@ -220,6 +244,10 @@ def test_what_no_sampler_could_take_is_a_400_on_the_real_model(model_server, bod
     assert response.status_code == 400, response.text
     assert_error_shape(strict_json(response.text))
     assert response.json()["error"]["param"] == param
-    fine = httpx.post(f"{model_server.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "top_k": 49152, "logprobs": 3}, timeout=60)
+    fine = httpx.post(
+        f"{model_server.url}/v1/completions",
+        json={"prompt": "x", "max_tokens": 2, "top_k": 49152, "logprobs": 3},
+        timeout=60,
+    )
     assert fine.status_code == 200 and strict_json(fine.text)["choices"][0]["logprobs"]
     wait_for_free_blocks(model_server)

@@ -64,7 +64,9 @@ def server():
 )
 def test_invalid_fields_are_400s_naming_the_field(server, path: str, body: dict, param: str, says: str) -> None:
     content = json.dumps(body)  # ASCII, with lone surrogates escaped as JSON allows
-    response = httpx.post(f"{server.url}{path}", content=content, headers={"content-type": "application/json"}, timeout=30)
+    response = httpx.post(
+        f"{server.url}{path}", content=content, headers={"content-type": "application/json"}, timeout=30
+    )
     assert_openai_error(response, 400, param, says=says)
 
 
@@ -84,7 +86,9 @@ def test_developer_messages_are_system_messages(server) -> None:
 
 
 def test_a_request_at_the_choice_limit_is_served(server) -> None:
-    response = httpx.post(f"{server.url}/v1/completions", json={"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 3}, timeout=30)
+    response = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": ["a", "b", "c"], "n": 2, "max_tokens": 3}, timeout=30
+    )
     assert response.status_code == 200 and len(response.json()["choices"]) == 6
 
 
@@ -93,7 +97,9 @@ def test_an_oversized_chunked_body_is_413(server) -> None:
         for _ in range(6):
             yield b"x" * (1024 * 1024)
 
-    response = httpx.post(f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{server.url}/v1/completions", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert_openai_error(response, 413, says="larger than")
 
 
@@ -125,7 +131,9 @@ def test_tokenizing_a_large_prompt_does_not_block_the_event_loop() -> None:
         GatedTokenizer.gate.clear()
         body = {"prompt": "y" * 5000, "max_tokens": 2}
         result: dict[str, Any] = {}
-        poster = threading.Thread(target=lambda: result.update(response=httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)))
+        poster = threading.Thread(
+            target=lambda: result.update(response=httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
+        )
         poster.start()
         time.sleep(0.3)  # the big request is now inside encode(), waiting at the gate
         assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
@@ -169,7 +177,9 @@ def test_no_non_finite_number_reaches_a_response() -> None:
         assert ruled_out.status_code == 500 and "Infinity" not in ruled_out.text  # the executor broke its contract
         nan = httpx.post(url, json={"prompt": "!bad", "max_tokens": 3, "logprobs": 2}, timeout=30)
         assert nan.status_code == 500 and "NaN" not in nan.text
-        with httpx.stream("POST", url, json={"prompt": "!bad", "max_tokens": 3, "logprobs": 2, "stream": True}, timeout=30) as stream:
+        with httpx.stream(
+            "POST", url, json={"prompt": "!bad", "max_tokens": 3, "logprobs": 2, "stream": True}, timeout=30
+        ) as stream:
             lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and "NaN" not in "".join(lines)
         assert json.loads(lines[-2][6:])["error"]["code"] == "internal_error"
@@ -181,7 +191,9 @@ def test_a_request_body_that_trickles_in_is_cut_with_408() -> None:
     with RunningServer(config) as server:
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
-            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+            connection.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"
+            )
             started = time.monotonic()
             answer = b""
             while chunk := connection.recv(65536):  # the server answers, then closes

@@ -32,7 +32,9 @@ def test_echoing_a_long_prompt_with_logprobs_to_64_choices_is_refused_before_any
     started = time.monotonic()
     response = completions(mock_server, body)
     assert_refused(response, "echo", 32 * 1024 * 1024)
-    assert time.monotonic() - started < 5 and mock_server.engine.metrics.prompt_tokens == submitted  # nothing reached the engine
+    assert (
+        time.monotonic() - started < 5 and mock_server.engine.metrics.prompt_tokens == submitted
+    )  # nothing reached the engine
 
 
 def test_prompt_logprobs_come_once_per_prompt(mock_server) -> None:
@@ -41,7 +43,9 @@ def test_prompt_logprobs_come_once_per_prompt(mock_server) -> None:
     scored = {c["index"]: c["prompt_logprobs"] for c in choices}
     assert [index for index, value in sorted(scored.items()) if value is not None] == [0, 3]
     assert len(scored[0]) == 3 and len(scored[3]) == 4
-    with httpx.stream("POST", f"{mock_server.url}/v1/completions", json={**body, "stream": True}, timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{mock_server.url}/v1/completions", json={**body, "stream": True}, timeout=30
+    ) as response:
         chunks = [json.loads(line[6:])["choices"][0] for line in response.iter_lines() if line.startswith("data: {")]
     firsts = {}
     for chunk in chunks:
@@ -62,7 +66,11 @@ def small_server():
         ("/v1/chat/completions", {"max_tokens": 200, "logprobs": True, "top_logprobs": 5}, "top_logprobs"),
         ("/v1/chat/completions", {"max_completion_tokens": 2000, "stream": True}, "max_completion_tokens"),
         ("/v1/chat/completions", {"max_tokens": 1000, "n": 8}, "max_tokens"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 1000}], "max_tokens": 1, "prompt_logprobs": 1}, "prompt_logprobs"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "y" * 1000}], "max_tokens": 1, "prompt_logprobs": 1},
+            "prompt_logprobs",
+        ),
         ("/v1/completions", {"max_tokens": 200, "logprobs": 10}, "logprobs"),
         ("/v1/completions", {"max_tokens": 2000, "n": 4}, "max_tokens"),
         ("/v1/completions", {"prompt": "y" * 1000, "max_tokens": 1, "echo": True, "logprobs": 2}, "echo"),
@@ -99,15 +107,27 @@ def test_the_estimate_bounds_real_responses_closely(model_server, path, fields) 
         body["prompt"] = prompt
         ids = tokenizer.encode(prompt)
         estimate = completion_size(
-            [(len(ids), len(prompt))], n=body.get("n", 1), max_tokens=40, logprobs=body.get("logprobs"), echo=body.get("echo", False),
-            prompt_logprobs=body.get("prompt_logprobs"), stream=body.get("stream", False),
+            [(len(ids), len(prompt))],
+            n=body.get("n", 1),
+            max_tokens=40,
+            logprobs=body.get("logprobs"),
+            echo=body.get("echo", False),
+            prompt_logprobs=body.get("prompt_logprobs"),
+            stream=body.get("stream", False),
         )
     else:
         body["messages"] = [{"role": "user", "content": prompt}]
-        num_prompt_tokens = len(httpx.post(f"{model_server.url}/tokenize", json={"messages": body["messages"]}, timeout=60).json()["tokens"])
+        num_prompt_tokens = len(
+            httpx.post(f"{model_server.url}/tokenize", json={"messages": body["messages"]}, timeout=60).json()["tokens"]
+        )
         estimate = chat_size(
-            num_prompt_tokens, n=body.get("n", 1), max_tokens=40, max_tokens_field="max_tokens", top_logprobs=body["top_logprobs"],
-            prompt_logprobs=body.get("prompt_logprobs"), stream=body.get("stream", False),
+            num_prompt_tokens,
+            n=body.get("n", 1),
+            max_tokens=40,
+            max_tokens_field="max_tokens",
+            top_logprobs=body["top_logprobs"],
+            prompt_logprobs=body.get("prompt_logprobs"),
+            stream=body.get("stream", False),
         )
     response = httpx.post(f"{model_server.url}{path}", json=body, timeout=120)
     assert response.status_code == 200, response.text[:300]

@@ -32,7 +32,9 @@ def client(model_server) -> openai.OpenAI:
 
 
 def chat_answer(client: openai.OpenAI, messages: list[dict], max_tokens: int) -> openai.types.chat.ChatCompletion:
-    return client.chat.completions.create(model="smollm2", messages=messages, max_completion_tokens=max_tokens, temperature=0)
+    return client.chat.completions.create(
+        model="smollm2", messages=messages, max_completion_tokens=max_tokens, temperature=0
+    )
 
 
 def test_a_string_input_is_a_user_message_answered_as_the_chat_route_answers(client) -> None:
@@ -52,8 +54,12 @@ def test_a_string_input_is_a_user_message_answered_as_the_chat_route_answers(cli
 
 def test_items_and_instructions_are_the_chat_messages(client) -> None:
     items = [{"role": "user", "content": [{"type": "input_text", "text": QUESTION}]}]
-    response = client.responses.create(model="smollm2", input=items, instructions="Answer in one word.", max_output_tokens=10, temperature=0)
-    chat = chat_answer(client, [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": QUESTION}], 10)
+    response = client.responses.create(
+        model="smollm2", input=items, instructions="Answer in one word.", max_output_tokens=10, temperature=0
+    )
+    chat = chat_answer(
+        client, [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": QUESTION}], 10
+    )
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.input_tokens == chat.usage.prompt_tokens
     assert response.instructions == "Answer in one word."
@@ -74,12 +80,17 @@ def test_store_false_is_accepted(client) -> None:
 
 def test_a_json_schema_format_is_enforced_with_its_key_order(client) -> None:
     schema = City.model_json_schema()
-    schema["properties"] = {"name": schema["properties"]["name"], "country": schema["properties"]["country"]}  # not alphabetical
+    schema["properties"] = {
+        "name": schema["properties"]["name"],
+        "country": schema["properties"]["country"],
+    }  # not alphabetical
     text = {"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}}
     response = client.responses.create(model="smollm2", input=QUESTION, text=text, max_output_tokens=40, temperature=0)
     assert list(json.loads(response.output_text)) == ["name", "country"]
     assert response.text.format.type == "json_schema" and response.text.format.name == "city"
-    parsed = client.responses.parse(model="smollm2", input=QUESTION, text_format=City, max_output_tokens=40, temperature=0)
+    parsed = client.responses.parse(
+        model="smollm2", input=QUESTION, text_format=City, max_output_tokens=40, temperature=0
+    )
     assert isinstance(parsed.output_parsed, City)
 
 
@@ -87,14 +98,26 @@ def test_a_json_schema_format_is_enforced_with_its_key_order(client) -> None:
 def test_a_forced_call_is_a_function_call_item_and_its_output_is_answered(client, tool_choice) -> None:
     question = [{"role": "user", "content": "What is the weather in Paris?"}]
     called = client.responses.create(
-        model="smollm2", input=question, tools=[WEATHER], tool_choice=tool_choice, parallel_tool_calls=False, max_output_tokens=40, temperature=0
+        model="smollm2",
+        input=question,
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        parallel_tool_calls=False,
+        max_output_tokens=40,
+        temperature=0,
     )
     [call] = called.output
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
     assert set(json.loads(call.arguments)) == {"city"}
     assert called.status == "completed" and called.output_text == ""
-    history = [*question, *called.output, {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": "21 C"}'}]
-    answered = client.responses.create(model="smollm2", input=history, tools=[WEATHER], max_output_tokens=20, temperature=0)
+    history = [
+        *question,
+        *called.output,
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": "21 C"}'},
+    ]
+    answered = client.responses.create(
+        model="smollm2", input=history, tools=[WEATHER], max_output_tokens=20, temperature=0
+    )
     assert answered.output[0].type == "message" and answered.output_text
     assert answered.usage.input_tokens > called.usage.input_tokens  # the call and its output are in the prompt
 
@@ -107,9 +130,15 @@ def test_a_stream_sends_the_events_in_order_and_its_deltas_make_the_text(client)
     kinds = [event.type for event in events]
     deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
     assert kinds == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
         *["response.output_text.delta"] * len(deltas),
-        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
     ]
     assert [event.sequence_number for event in events] == list(range(len(events)))
     assert "".join(deltas) == final.output_text == whole.output_text
@@ -119,8 +148,13 @@ def test_a_stream_sends_the_events_in_order_and_its_deltas_make_the_text(client)
 
 def test_a_streamed_call_sends_its_arguments_in_deltas(client) -> None:
     with client.responses.stream(
-        model="smollm2", input="What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
-        parallel_tool_calls=False, max_output_tokens=40, temperature=0,
+        model="smollm2",
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=40,
+        temperature=0,
     ) as stream:
         events = list(stream)
         final = stream.get_final_response()
@@ -154,10 +188,23 @@ REFUSED = [
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"tools": [WEATHER], "text": {"format": {"type": "json_object"}}}, "tools"),
     ({"input": []}, "input"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}]}, "input"),
+    (
+        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/a.png"}]}]},
+        "input",
+    ),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": [{"type": "item_reference", "id": "msg_123"}]}, "input"),
-    ({"input": [{"role": "assistant", "content": [{"type": "output_text", "text": "x", "annotations": [{"type": "url_citation"}]}]}]}, "input"),
+    (
+        {
+            "input": [
+                {
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": "x", "annotations": [{"type": "url_citation"}]}],
+                }
+            ]
+        },
+        "input",
+    ),
 ]
 
 

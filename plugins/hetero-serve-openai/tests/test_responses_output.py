@@ -15,7 +15,9 @@ CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
 
 def built(plan: ToolPlan, pieces: list[str], status: str = "completed") -> tuple[list[dict], list[dict]]:
     items = OutputItems(plan)
-    events = [event for number, piece in enumerate(pieces) for event in items.feed(piece, is_last=number == len(pieces) - 1)]
+    events = [
+        event for number, piece in enumerate(pieces) for event in items.feed(piece, is_last=number == len(pieces) - 1)
+    ]
     return items.items, events + items.finish(status)
 
 
@@ -33,21 +35,31 @@ def test_text_then_a_call_is_a_message_then_a_function_call(size) -> None:
     ]
     kinds = [event["type"] for event in events if not event["type"].endswith(".delta")]
     assert kinds == [
-        "response.output_item.added", "response.content_part.added",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.done", "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
     ]
     assert [event["output_index"] for event in events if event["type"] == "response.output_item.done"] == [0, 1]
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Let me look. "
-    assert json.loads("".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")) == {"a": 1}
+    assert json.loads("".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")) == {
+        "a": 1
+    }
 
 
 def test_no_text_is_one_empty_message_and_a_cut_is_incomplete() -> None:
     items, events = built(NO_TOOLS, [""], status="incomplete")
     assert [item["content"][0]["text"] for item in items] == [""] and items[0]["status"] == "incomplete"
     assert [event["type"] for event in events] == [
-        "response.output_item.added", "response.content_part.added",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
     ]
 
 

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .conftest import RunningServer, mock_server_config
 
-OPERATIONS = ["POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses", "POST /tokenize", "POST /detokenize", "GET /v1/models"]
+OPERATIONS = [
+    "POST /v1/completions",
+    "POST /v1/chat/completions",
+    "POST /v1/responses",
+    "POST /tokenize",
+    "POST /detokenize",
+    "GET /v1/models",
+]
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import RunningServer, mock_server_config
 
+
 def metric(url: str, name: str, **labels: str) -> float:
     text = httpx.get(f"{url}/metrics").text
     for family in text_string_to_metric_families(text):
@@ -39,7 +40,9 @@ async def stream_completion(client: httpx.AsyncClient, url: str, prompt: str) ->
 @pytest.mark.integration
 def test_32_concurrent_streams_get_complete_correct_answers(model_server) -> None:
     prompts = [f"Count from {i} to {i + 5}:" for i in range(32)]
-    whole = httpx.post(f"{model_server.url}/v1/completions", json={"prompt": prompts, "max_tokens": 12, "temperature": 0}, timeout=300)
+    whole = httpx.post(
+        f"{model_server.url}/v1/completions", json={"prompt": prompts, "max_tokens": 12, "temperature": 0}, timeout=300
+    )
     expected = sorted(whole.json()["choices"], key=lambda c: c["index"])
 
     async def run_all():
@@ -97,7 +100,14 @@ def test_metrics_count_what_was_served(mock_server) -> None:
     prompt_tokens = response.json()["usage"]["prompt_tokens"]
     grown = {key: metric(url, name, **labels) - before[key] for key, (name, labels) in counters.items()}
     assert grown == {
-        "generation": 21, "prompt": 3 * prompt_tokens, "length": 3, "ttft": 3, "itl": 18, "tpot": 18, "request_tpot": 3, "e2e": 3
+        "generation": 21,
+        "prompt": 3 * prompt_tokens,
+        "length": 3,
+        "ttft": 3,
+        "itl": 18,
+        "tpot": 18,
+        "request_tpot": 3,
+        "e2e": 3,
     }
     assert metric(url, "vllm:num_requests_running") == 0 and metric(url, "vllm:num_requests_waiting") == 0
     assert 0 <= metric(url, "vllm:kv_cache_usage_perc") <= 1
@@ -117,7 +127,9 @@ def test_metrics_count_what_was_served(mock_server) -> None:
     ],
 )
 def test_bad_requests_get_openai_errors(mock_server, body: bytes, status: int, param: str | None) -> None:
-    response = httpx.post(f"{mock_server.url}/v1/completions", content=body, headers={"content-type": "application/json"})
+    response = httpx.post(
+        f"{mock_server.url}/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]

@@ -33,7 +33,9 @@ def start_server(tmp_path: Path, **server: Any) -> tuple[subprocess.Popen, str]:
             }
         )
     )
-    process = subprocess.Popen([HETERO_INFER, "serve", "--config", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [HETERO_INFER, "serve", "--config", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -87,6 +89,8 @@ def test_a_stream_cut_at_the_drain_timeout_ends_with_an_error_event(tmp_path) ->
 def test_a_model_that_cannot_load_exits_non_zero_with_the_reason(tmp_path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"model": str(tmp_path / "absent.gguf"), "server": {"port": 0}}))
-    result = subprocess.run([HETERO_INFER, "serve", "--config", str(config)], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [HETERO_INFER, "serve", "--config", str(config)], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0
     assert "absent.gguf" in result.stderr and "the server stopped" in result.stderr

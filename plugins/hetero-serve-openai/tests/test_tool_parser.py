@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
-from hetero_serve_openai.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
-from hetero_serve_openai.tools import FunctionDefinition, tool_calls_constraint
-from hetero_structured_llguidance import LLGuidanceBackend
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hetero_core.builtin.simple_tokenizer import SimpleTokenizer
 from hetero_core.tool_prompt import TOOL_CALL_OPEN, tool_call_block
+from hetero_serve_openai.tool_parser import CallDelta, ToolCallParser, parse_tool_calls
+from hetero_serve_openai.tools import FunctionDefinition, tool_calls_constraint
+from hetero_structured_llguidance import LLGuidanceBackend
 
 NAMES = frozenset({"get_weather", "get_time"})
 
@@ -21,14 +22,16 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=8,
 )
-calls = st.lists(st.tuples(st.sampled_from(sorted(NAMES)), st.dictionaries(st.text(max_size=6), json_values, max_size=3)), max_size=3)
+calls = st.lists(
+    st.tuples(st.sampled_from(sorted(NAMES)), st.dictionaries(st.text(max_size=6), json_values, max_size=3)), max_size=3
+)
 
 
 def stream(text: str, cuts: list[int], *, incremental: bool) -> tuple[str, list[CallDelta]]:
     """Feed ``text`` in pieces split at ``cuts``, then reassemble as a streaming client would."""
     parser = ToolCallParser(NAMES, incremental=incremental)
     bounds = [0, *sorted(c % (len(text) + 1) for c in cuts), len(text)]
-    pieces = [p for a, b in zip(bounds, bounds[1:]) for p in parser.feed(text[a:b])] + parser.finish()
+    pieces = [p for a, b in itertools.pairwise(bounds) for p in parser.feed(text[a:b])] + parser.finish()
     content, assembled = "", []
     for piece in pieces:
         if isinstance(piece, str):
@@ -73,7 +76,12 @@ def test_a_tag_never_leaks_into_content_before_a_call(prefix, cuts) -> None:
 
 
 def test_malformed_calls_stay_content() -> None:
-    for body in ("not json", '{"name": "nope", "arguments": {}}', '{"name": "get_time"}', '{"name": "get_time", "arguments": 3}'):
+    for body in (
+        "not json",
+        '{"name": "nope", "arguments": {}}',
+        '{"name": "get_time"}',
+        '{"name": "get_time", "arguments": 3}',
+    ):
         text = f"Sure. {TOOL_CALL_OPEN}{body}</tool_call>"
         assert parse_tool_calls(text, NAMES, incremental=False) == (text, [], False)
 
@@ -109,10 +117,15 @@ def test_the_forced_call_grammar_admits_only_declared_parameters() -> None:
 
     def accepts(function: FunctionDefinition, arguments: dict) -> bool:
         matcher = backend.new_matcher(backend.compile(tool_calls_constraint([function], several=False)))
-        return all(matcher.accept_token(t) for t in SimpleTokenizer().encode(tool_call_block("get_time", arguments), add_special_tokens=False))
+        return all(
+            matcher.accept_token(t)
+            for t in SimpleTokenizer().encode(tool_call_block("get_time", arguments), add_special_tokens=False)
+        )
 
     for function in (strict, plain):  # the top level holds the declared parameters
-        assert accepts(function, {"zone": {"name": "UTC"}}) and not accepts(function, {"zone": {"name": "UTC"}, "extra": 1})
+        assert accepts(function, {"zone": {"name": "UTC"}}) and not accepts(
+            function, {"zone": {"name": "UTC"}, "extra": 1}
+        )
     assert not accepts(strict, {"zone": {"name": "UTC", "extra": 1}})  # strict: nested objects too
     assert accepts(plain, {"zone": {"name": "UTC", "extra": 1}})  # otherwise JSON Schema as written
     assert accepts(free, {"anything": [1, 2]})
@@ -121,7 +134,9 @@ def test_the_forced_call_grammar_admits_only_declared_parameters() -> None:
 def test_under_auto_the_text_is_free_and_each_call_a_strict_function_opens_is_constrained() -> None:
     tokenizer = SimpleTokenizer()
     backend = LLGuidanceBackend(tokenizer)
-    strict = FunctionDefinition(name="get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}}, strict=True)
+    strict = FunctionDefinition(
+        name="get_time", parameters={"type": "object", "properties": {"zone": {"type": "string"}}}, strict=True
+    )
     call = tool_call_block("get_time", {"zone": "UTC"})
 
     def accepts(text: str, *, several: bool = True) -> bool:

@@ -23,7 +23,12 @@ TIME = {
     "type": "function",
     "function": {
         "name": "get_time",
-        "parameters": {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"], "additionalProperties": False},
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
     },
 }
 ASK = [{"role": "user", "content": "x"}]
@@ -54,20 +59,61 @@ REFUSED = [
     ({"tools": [TIME], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tools"),
     ({"tools": [TIME], "structured_outputs": {"regex": "a+"}}, "tools"),
     (
-        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)"}}}}}],
-         "tool_choice": "required"},
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)"}}},
+                    },
+                }
+            ],
+            "tool_choice": "required",
+        },
         "tools",
     ),
     ({"tools": [{"type": "function", "function": {"name": "f", "description": "\ud800"}}]}, "tools"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"\udfff": {}}}}}]}, "tools"),
+    (
+        {
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {"name": "f", "parameters": {"type": "object", "properties": {"\udfff": {}}}},
+                }
+            ]
+        },
+        "tools",
+    ),
     ({"chat_template_kwargs": {"persona": "\ud83d"}}, "chat_template_kwargs"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x", "tool_call_id": "call_1"}]}, "messages"),
     ({"messages": [{"role": "user", "content": None}]}, "messages"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "code", "function": {"name": "f", "arguments": "{}"}}]}]}, "messages"),
+    (
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "x",
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ]
+        },
+        "messages",
+    ),
+    (
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [{"id": "c", "type": "code", "function": {"name": "f", "arguments": "{}"}}],
+                }
+            ]
+        },
+        "messages",
+    ),
     ({"chat_template_kwargs": ["not", "an", "object"]}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
     ({"continue_final_message": True}, "continue_final_message"),
@@ -89,14 +135,25 @@ def test_tokenize_refuses_the_same_rendering_mistakes(mock_server) -> None:
 
 @pytest.mark.parametrize("choice", ["required", NAMED])
 def test_forced_calls_carry_ids_names_and_valid_arguments(mock_server, choice) -> None:
-    body = {"messages": ASK, "tools": [TIME, renamed("other")], "tool_choice": choice, "parallel_tool_calls": False, "max_tokens": 120, "n": 2}
+    body = {
+        "messages": ASK,
+        "tools": [TIME, renamed("other")],
+        "tool_choice": choice,
+        "parallel_tool_calls": False,
+        "max_tokens": 120,
+        "n": 2,
+    }
     response = post(mock_server, body).json()
     assert len(response["choices"]) == 2
     for answer in response["choices"]:
         (call,) = answer["message"]["tool_calls"]
         assert answer["finish_reason"] == "tool_calls" and answer["message"]["content"] is None
         assert call["id"].startswith("call_") and call["type"] == "function"
-        assert call["function"]["name"] in ("get_time", "other") if choice == "required" else call["function"]["name"] == "get_time"
+        assert (
+            call["function"]["name"] in ("get_time", "other")
+            if choice == "required"
+            else call["function"]["name"] == "get_time"
+        )
         assert json.loads(call["function"]["arguments"])["zone"] in ("UTC", "CET")
 
 
@@ -107,19 +164,30 @@ def test_forced_calls_stream_as_openai_streams_them(mock_server) -> None:
     deltas = [event["choices"][0]["delta"] for event in events]
     assert deltas[0] == {"role": "assistant", "content": None}
     parts = [part for delta in deltas for part in delta.get("tool_calls", [])]
-    assert parts[0]["id"].startswith("call_") and parts[0]["function"]["name"] == "get_time" and parts[0]["type"] == "function"
+    assert (
+        parts[0]["id"].startswith("call_")
+        and parts[0]["function"]["name"] == "get_time"
+        and parts[0]["type"] == "function"
+    )
     assert all(part["index"] == 0 and "id" not in part for part in parts[1:]) and len(parts) > 2
     assert json.loads("".join(part["function"]["arguments"] for part in parts)) in ({"zone": "UTC"}, {"zone": "CET"})
     assert not any(delta.get("content") for delta in deltas)
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    text = "".join(entry["token"] for event in events for entry in (event["choices"][0]["logprobs"] or {}).get("content", []))
+    text = "".join(
+        entry["token"] for event in events for entry in (event["choices"][0]["logprobs"] or {}).get("content", [])
+    )
     assert text.startswith(TOOL_CALL_OPEN)  # logprobs cover every generated token, tool-call text included
 
 
 def test_the_openai_stream_helper_accumulates_forced_calls(mock_server) -> None:
     client = openai.OpenAI(base_url=f"{mock_server.url}/v1", api_key="unused", max_retries=0)
     with client.beta.chat.completions.stream(
-        model="mock", messages=ASK, tools=[TIME, renamed("other")], tool_choice="required", parallel_tool_calls=False, max_tokens=120
+        model="mock",
+        messages=ASK,
+        tools=[TIME, renamed("other")],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=120,
     ) as stream:
         final = stream.get_final_completion()
     choice = final.choices[0]
@@ -129,7 +197,9 @@ def test_the_openai_stream_helper_accumulates_forced_calls(mock_server) -> None:
 
 def test_parallel_calls_stream_under_their_own_indexes(mock_server) -> None:
     client = openai.OpenAI(base_url=f"{mock_server.url}/v1", api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(model="mock", messages=ASK, tools=[TIME], tool_choice="required", max_tokens=240, stream=True)
+    stream = client.chat.completions.create(
+        model="mock", messages=ASK, tools=[TIME], tool_choice="required", max_tokens=240, stream=True
+    )
     calls: dict[int, dict[str, str]] = {}
     for chunk in stream:
         for part in chunk.choices[0].delta.tool_calls or ():
@@ -150,7 +220,13 @@ def test_tool_choice_none_leaves_the_text_alone(mock_server) -> None:
 def test_tools_and_history_reach_the_prompt(mock_server) -> None:
     history = [
         {"role": "user", "content": "What time is it in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "10:42"},
     ]
     tokens = post(mock_server, {"messages": history, "tools": [TIME]}, "/tokenize").json()["tokens"]
@@ -175,8 +251,13 @@ def test_continue_final_message_and_no_generation_prompt(mock_server) -> None:
     assert rendered().endswith("The answer is\nassistant: ")
     assert rendered(add_generation_prompt=False).endswith("The answer is\n")
     assert rendered(add_generation_prompt=False, continue_final_message=True).endswith("The answer is")
-    answer = post(mock_server, {"messages": chat, "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 3})
-    assert answer.status_code == 200 and answer.json()["usage"]["prompt_tokens"] == len(rendered(add_generation_prompt=False)) - 1
+    answer = post(
+        mock_server, {"messages": chat, "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 3}
+    )
+    assert (
+        answer.status_code == 200
+        and answer.json()["usage"]["prompt_tokens"] == len(rendered(add_generation_prompt=False)) - 1
+    )
 
 
 def test_a_call_cut_by_a_stop_string_does_not_claim_tool_calls(mock_server) -> None:

@@ -18,7 +18,15 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 from hetero_serve_ray.routing import LeastLoaded, PrefixAffinity, RandomRouting, ReplicaLoad, RoutingPolicy  # noqa: E402
 
-__all__ = ["DataParallelEngine", "LeastLoaded", "PrefixAffinity", "RandomRouting", "RayBackend", "ReplicaLoad", "RoutingPolicy"]
+__all__ = [
+    "DataParallelEngine",
+    "LeastLoaded",
+    "PrefixAffinity",
+    "RandomRouting",
+    "RayBackend",
+    "ReplicaLoad",
+    "RoutingPolicy",
+]
 
 
 def __getattr__(name: str) -> Any:

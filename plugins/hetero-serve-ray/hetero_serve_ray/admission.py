@@ -33,8 +33,13 @@ class Limits:
     def of(cls, config: EngineConfig, reported: dict[str, Any]) -> Limits:
         """``reported``: the replica's ``max_model_len``, ``num_blocks`` and ``vocab_size``."""
         return cls(
-            reported["max_model_len"], reported["num_blocks"], reported["vocab_size"],
-            config.block_size, config.max_num_seqs, config.max_total_tokens, config.enable_chunked_prefill,
+            reported["max_model_len"],
+            reported["num_blocks"],
+            reported["vocab_size"],
+            config.block_size,
+            config.max_num_seqs,
+            config.max_total_tokens,
+            config.enable_chunked_prefill,
         )
 
     def check(self, token_ids: Sequence[int], is_text: bool, params: GenerationParams) -> None:
@@ -45,7 +50,9 @@ class Limits:
         if not is_text:
             for token_id in token_ids:
                 if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
-                    raise ValidationError(f"prompt token ids must be integers in [0, {self.vocab_size}), got {token_id!r}", param="prompt")
+                    raise ValidationError(
+                        f"prompt token ids must be integers in [0, {self.vocab_size}), got {token_id!r}", param="prompt"
+                    )
         if num_prompt + params.max_tokens > self.max_model_len:
             raise ValidationError(
                 f"prompt has {num_prompt} tokens and max_tokens is {params.max_tokens}: together they exceed"
@@ -54,7 +61,9 @@ class Limits:
             )
         blocks_needed = math.ceil((num_prompt + params.max_tokens) / self.block_size)
         if blocks_needed > self.num_blocks:
-            raise CacheMemoryError(f"request needs {blocks_needed} KV blocks but the pool has only {self.num_blocks}", param="max_tokens")
+            raise CacheMemoryError(
+                f"request needs {blocks_needed} KV blocks but the pool has only {self.num_blocks}", param="max_tokens"
+            )
         if not self.enable_chunked_prefill and num_prompt > self.max_total_tokens:
             raise ValidationError(
                 f"prompt has {num_prompt} tokens, more than max_total_tokens={self.max_total_tokens} and chunked prefill is disabled",

@@ -96,7 +96,14 @@ class RayBackend:
             "scheduling_strategy": "SPREAD",  # one replica per node while nodes last
             "runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(num_threads)}},
         }
-        self.fleet = Fleet(config, options.address, actor_options, options.health_check_interval, options.health_check_timeout, self.policy.forget)
+        self.fleet = Fleet(
+            config,
+            options.address,
+            actor_options,
+            options.health_check_interval,
+            options.health_check_timeout,
+            self.policy.forget,
+        )
         self._flights: dict[str, Flight] = {}
         self._tokenizer: Tokenizer | None = None
         self._error: str | None = None  # the fleet could not be placed
@@ -112,7 +119,9 @@ class RayBackend:
     @property
     def is_ready(self) -> bool:
         """Once every replica has started (or failed to load): while at least one of them is ready."""
-        return self.error is None and all(r.has_started for r in self.replicas) and any(r.is_ready for r in self.replicas)
+        return (
+            self.error is None and all(r.has_started for r in self.replicas) and any(r.is_ready for r in self.replicas)
+        )
 
     @property
     def error(self) -> str | None:
@@ -222,12 +231,16 @@ class RayBackend:
         else:
             self._loop.call_soon_threadsafe(callback, *args)
 
-    def _prompt_tokens(self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None) -> list[int]:
+    def _prompt_tokens(
+        self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None
+    ) -> list[int]:
         """The prompt as the engine will see it (the router keys on its blocks)."""
         tokenizer = self._tokenizer
         assert tokenizer is not None
         if messages is not None:
-            return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+            return tokenizer.encode(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False
+            )
         if isinstance(prompt, str):
             return tokenizer.encode(prompt)
         return list(prompt or ())
@@ -259,7 +272,9 @@ class RayBackend:
         while flight.open_samples:
             replica = self._route(flight, tried)
             if replica is None:
-                why = "no replica is ready" if not tried else f"replica {max(tried)} failed and no other replica is ready"
+                why = (
+                    "no replica is ready" if not tried else f"replica {max(tried)} failed and no other replica is ready"
+                )
                 self._finish(flight, FinishReason.ERROR, why, self.replicas[max(tried)] if tried else None)
                 return
             tried.add(replica.index)
@@ -270,9 +285,16 @@ class RayBackend:
             except REPLICA_LOST as exc:
                 self.fleet.lose(replica, f"{type(exc).__name__}: {exc}")
                 if flight.is_started:
-                    self._finish(flight, FinishReason.ERROR, f"replica {replica.index} failed while generating; retry the request", replica)
+                    self._finish(
+                        flight,
+                        FinishReason.ERROR,
+                        f"replica {replica.index} failed while generating; retry the request",
+                        replica,
+                    )
                     return
-                log.info("rerouting a request its replica never started", request_id=flight.request_id, replica=replica.index)
+                log.info(
+                    "rerouting a request its replica never started", request_id=flight.request_id, replica=replica.index
+                )
             except ray.exceptions.RayTaskError as exc:  # a fault inside the replica's generate, not a death
                 self._finish(flight, FinishReason.ERROR, f"replica {replica.index}: {cause(exc)}", replica)
                 return
@@ -306,7 +328,8 @@ class RayBackend:
         if failed is not None and flight.open_samples:
             failed.count_failure()
         for index in sorted(flight.open_samples):
-            flight.queue.put_nowait((flight.tag, StreamDelta(flight.request_id, index, "", [], finish_reason=reason, error=error)))
+            flight.queue.put_nowait(
+                (flight.tag, StreamDelta(flight.request_id, index, "", [], finish_reason=reason, error=error))
+            )
         flight.open_samples.clear()
         self._flights.pop(flight.request_id, None)
-

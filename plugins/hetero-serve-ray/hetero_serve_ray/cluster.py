@@ -23,7 +23,6 @@ import threading
 import ray
 import ray.exceptions
 
-
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 AUTH_FAILURE = re.compile(r"AuthenticationError: ([^\n]*?)(?:\.\s|\.?$)", re.MULTILINE)
 

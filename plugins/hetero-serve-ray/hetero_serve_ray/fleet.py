@@ -43,7 +43,9 @@ class Replica:
     load: int = 0  # outstanding tokens of the requests routed here
     metrics: EngineMetrics | None = None  # from the last health check of this incarnation (kept while it is lost)
     incarnation: str | None = None  # the actor process's, from ``ready``: a new one after each restart
-    past: EngineMetrics = attrs.field(factory=EngineMetrics)  # counters of earlier incarnations and of front-end failures
+    past: EngineMetrics = attrs.field(
+        factory=EngineMetrics
+    )  # counters of earlier incarnations and of front-end failures
     failure: str | None = None  # why it is out of routing
     lost: asyncio.Event = attrs.field(factory=asyncio.Event)  # set when a stream saw it die
 
@@ -51,7 +53,11 @@ class Replica:
         """Its counters over every incarnation; its gauges while it is ready, else 0 (nothing runs there)."""
         total = add_counters(self.past, self.metrics)
         if self.is_ready and self.metrics is not None:
-            total.num_running, total.num_waiting, total.kv_cache_usage = self.metrics.num_running, self.metrics.num_waiting, self.metrics.kv_cache_usage
+            total.num_running, total.num_waiting, total.kv_cache_usage = (
+                self.metrics.num_running,
+                self.metrics.num_waiting,
+                self.metrics.kv_cache_usage,
+            )
         return total
 
     def count_failure(self) -> None:
@@ -68,8 +74,13 @@ class Fleet:
     """
 
     def __init__(
-        self, config: EngineConfig, address: str | None, actor_options: dict[str, Any], health_check_interval: float,
-        health_check_timeout: float, on_lost: Callable[[int], None],
+        self,
+        config: EngineConfig,
+        address: str | None,
+        actor_options: dict[str, Any],
+        health_check_interval: float,
+        health_check_timeout: float,
+        on_lost: Callable[[int], None],
     ) -> None:
         self.config = config
         self.address = address
@@ -88,11 +99,18 @@ class Fleet:
         replica_config = self.config.evolve(data_parallel_size=1)
         actor_class = ray.remote(EngineReplica).options(**self.actor_options)
         log_level = structlog.get_logger().bind().get_effective_level()  # replicas log like the front end
-        self.replicas = [Replica(index, actor_class.remote(replica_config, log_level)) for index in range(self.config.data_parallel_size)]
+        self.replicas = [
+            Replica(index, actor_class.remote(replica_config, log_level))
+            for index in range(self.config.data_parallel_size)
+        ]
         available = ray.cluster_resources().get("CPU", 0)
         wanted = self.actor_options["num_cpus"] * len(self.replicas)
         if wanted > available:
-            log.warning("the cluster has fewer CPUs than the replicas reserve: some wait for nodes to join", cpus=available, reserved=wanted)
+            log.warning(
+                "the cluster has fewer CPUs than the replicas reserve: some wait for nodes to join",
+                cpus=available,
+                reserved=wanted,
+            )
         log.info("replicas placed", replicas=len(self.replicas), address=ray.get_runtime_context().gcs_address)
 
     def shutdown(self) -> None:
@@ -136,7 +154,9 @@ class Fleet:
         """Refresh the replica's metrics every interval; return once it is lost."""
         while replica.is_ready:
             try:
-                replica.metrics = await asyncio.wait_for(_awaitable(replica.actor.metrics.remote()), self.health_check_timeout)
+                replica.metrics = await asyncio.wait_for(
+                    _awaitable(replica.actor.metrics.remote()), self.health_check_timeout
+                )
             except ray.exceptions.RayTaskError as exc:  # alive, but its engine went out of service: restart it
                 self.lose(replica, f"out of service: {cause(exc)}")
                 ray.kill(replica.actor, no_restart=False)

@@ -22,4 +22,6 @@ class DataParallelEngine(BackendClient):
     """
 
     def __init__(self, config: EngineConfig | None = None, *, ready_timeout: float = 600.0, **options: Any) -> None:
-        super().__init__(RayBackend(config or EngineConfig(), RayBackendOptions(**options)), ready_timeout=ready_timeout)
+        super().__init__(
+            RayBackend(config or EngineConfig(), RayBackendOptions(**options)), ready_timeout=ready_timeout
+        )

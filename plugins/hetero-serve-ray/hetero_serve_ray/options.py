@@ -14,7 +14,9 @@ MAX_SECONDS = 3600.0
 
 def _routing_name(_instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{attribute.name} must be a policy name or 'package.module:factory', got {value!r}", param=attribute.name)
+        raise ConfigError(
+            f"{attribute.name} must be a policy name or 'package.module:factory', got {value!r}", param=attribute.name
+        )
 
 
 def _address(_instance: Any, attribute: Any, value: Any) -> None:
@@ -43,7 +45,9 @@ class RayBackendOptions:
     routing_options: Mapping[str, Any] = attrs.field(factory=dict, converter=named_options("routing_options"))
     num_cpus_per_replica: float = attrs.field(default=1, validator=number_in(0, 1024, error=ConfigError))
     num_gpus_per_replica: float = attrs.field(default=0, validator=number_in(0, 64, error=ConfigError))
-    num_threads_per_replica: int | None = attrs.field(default=None, validator=optional(number_in(1, 1024, integer=True, error=ConfigError)))
+    num_threads_per_replica: int | None = attrs.field(
+        default=None, validator=optional(number_in(1, 1024, integer=True, error=ConfigError))
+    )
     max_restarts: int = attrs.field(default=-1, validator=number_in(-1, 1_000_000, integer=True, error=ConfigError))
     health_check_interval: float = attrs.field(default=1.0, validator=number_in(0.01, MAX_SECONDS, error=ConfigError))
     health_check_timeout: float = attrs.field(default=10.0, validator=number_in(0.01, MAX_SECONDS, error=ConfigError))

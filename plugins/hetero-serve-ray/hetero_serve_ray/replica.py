@@ -38,7 +38,9 @@ class EngineReplica:
     """Ray actor class (wrapped with ``ray.remote`` by the backend): one :class:`AsyncEngine`."""
 
     def __init__(self, config: EngineConfig, log_level: int) -> None:
-        configure_logging(debug=log_level <= logging.DEBUG, quiet=log_level >= logging.WARNING)  # on stderr, as the front end's
+        configure_logging(
+            debug=log_level <= logging.DEBUG, quiet=log_level >= logging.WARNING
+        )  # on stderr, as the front end's
         self._backend = AsyncEngine(config)
         self._started = False
         self._incarnation = uuid.uuid4().hex  # Ray restarts the actor in a new process, which builds it anew
@@ -62,7 +64,11 @@ class EngineReplica:
         }
 
     async def generate(
-        self, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]] | None, params: GenerationParams, request_id: str
+        self,
+        prompt: str | Sequence[int] | None,
+        messages: Sequence[Mapping[str, Any]] | None,
+        params: GenerationParams,
+        request_id: str,
     ) -> AsyncIterator[list[StreamDelta]]:
         """Submit a request and yield its deltas as they come, until each of its samples has finished.
 
@@ -73,7 +79,10 @@ class EngineReplica:
             self._backend.submit(prompt, messages, params, request_id, queue, 0)
         except (EngineError, APIError) as exc:
             message = exc.message
-            yield [StreamDelta(request_id, index, "", [], finish_reason=FinishReason.ERROR, error=message) for index in range(params.n)]
+            yield [
+                StreamDelta(request_id, index, "", [], finish_reason=FinishReason.ERROR, error=message)
+                for index in range(params.n)
+            ]
             return
         open_samples = set(range(params.n))
         try:

@@ -116,9 +116,15 @@ class PrefixAffinity:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"routing option {name} must be a positive integer, got {value!r}", param=name)
         if not isinstance(imbalance_tokens, int) or imbalance_tokens < 0:
-            raise ConfigError(f"routing option imbalance_tokens must be an integer >= 0, got {imbalance_tokens!r}", param="imbalance_tokens")
+            raise ConfigError(
+                f"routing option imbalance_tokens must be an integer >= 0, got {imbalance_tokens!r}",
+                param="imbalance_tokens",
+            )
         if not isinstance(imbalance_ratio, (int, float)) or imbalance_ratio < 1:
-            raise ConfigError(f"routing option imbalance_ratio must be a number >= 1, got {imbalance_ratio!r}", param="imbalance_ratio")
+            raise ConfigError(
+                f"routing option imbalance_ratio must be a number >= 1, got {imbalance_ratio!r}",
+                param="imbalance_ratio",
+            )
         self.block_size = block_size
         self.max_blocks = max_blocks
         self.capacity = capacity
@@ -142,7 +148,9 @@ class PrefixAffinity:
             if owner is None or owner not in loads:
                 continue
             min_load = min(loads.values())
-            overloaded = loads[owner] > min_load + self.imbalance_tokens and loads[owner] > self.imbalance_ratio * min_load
+            overloaded = (
+                loads[owner] > min_load + self.imbalance_tokens and loads[owner] > self.imbalance_ratio * min_load
+            )
             return None if overloaded else owner
         return None
 
@@ -176,8 +184,13 @@ def make_policy(name: str, block_size: int, options: dict[str, Any]) -> RoutingP
     else:
         factory = POLICIES.get(name)
         if factory is None:
-            raise ConfigError(f"unknown routing policy {name!r}; built in: {', '.join(POLICIES)} (or 'module:factory')", param="routing")
+            raise ConfigError(
+                f"unknown routing policy {name!r}; built in: {', '.join(POLICIES)} (or 'module:factory')",
+                param="routing",
+            )
     try:
         return factory(block_size=block_size, **options)
     except TypeError as exc:
-        raise ConfigError(f"routing policy {name!r} does not accept options {sorted(options)}: {exc}", param="routing_options") from exc
+        raise ConfigError(
+            f"routing policy {name!r} does not accept options {sorted(options)}: {exc}", param="routing_options"
+        ) from exc

@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import httpx
-
 import uvicorn
 
 from hetero_core.config import EngineConfig
@@ -69,7 +68,9 @@ class ReplicatedServer:
             httpx.get(f"{self.url}/healthz")
         except httpx.HTTPError:
             return False
-        return len(self.backend.replicas) == self.config.data_parallel_size and all(r.is_ready for r in self.backend.replicas)
+        return len(self.backend.replicas) == self.config.data_parallel_size and all(
+            r.is_ready for r in self.backend.replicas
+        )
 
     def __exit__(self, *_exc: Any) -> None:
         self.server.should_exit = True

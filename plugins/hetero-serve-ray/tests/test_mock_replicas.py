@@ -15,8 +15,8 @@ from typing import Iterator
 import httpx
 import pytest
 import ray
-
 from serve_ray_harness import ReplicatedServer, free_port, mock_config, num_completed, wait_until
+
 from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
@@ -27,7 +27,11 @@ IMBALANCE_TOKENS = 300  # the router's: past this many outstanding tokens over a
 
 @pytest.fixture(scope="module")
 def server(ray_cluster: str) -> Iterator[ReplicatedServer]:
-    options = {"num_cpus_per_replica": 0.5, "health_check_interval": 0.2, "routing_options": {"imbalance_tokens": IMBALANCE_TOKENS}}
+    options = {
+        "num_cpus_per_replica": 0.5,
+        "health_check_interval": 0.2,
+        "routing_options": {"imbalance_tokens": IMBALANCE_TOKENS},
+    }
     with ReplicatedServer(mock_config(server={"model_name": "mock", "backend_options": options})) as running:
         yield running
 
@@ -57,10 +61,12 @@ def test_same_prefix_same_replica_and_its_cache_hits(server: ReplicatedServer) -
         response = complete(server, SYSTEM + question)
         assert response.status_code == 200, response.text
     after = counters(server)
-    new = [a.requests_submitted - b.requests_submitted for a, b in zip(after, before)]
+    new = [a.requests_submitted - b.requests_submitted for a, b in zip(after, before, strict=True)]
     assert sorted(new) == [0, 4], new
     chosen = new.index(4)
-    assert after[chosen].prefix_cache_hits - before[chosen].prefix_cache_hits >= 3 * 20  # the system prompt's blocks, 3 times
+    assert (
+        after[chosen].prefix_cache_hits - before[chosen].prefix_cache_hits >= 3 * 20
+    )  # the system prompt's blocks, 3 times
 
 
 def test_a_busy_replica_gives_way_to_the_least_loaded(server: ReplicatedServer) -> None:
@@ -74,7 +80,9 @@ def test_a_busy_replica_gives_way_to_the_least_loaded(server: ReplicatedServer) 
     try:
         # over the threshold, not merely loaded: the first request's prompt tokens leave its replica's load
         # only after its response has reached the client
-        wait_until(lambda: any(r.load > IMBALANCE_TOKENS for r in server.backend.replicas), "the long request is routed")
+        wait_until(
+            lambda: any(r.load > IMBALANCE_TOKENS for r in server.backend.replicas), "the long request is routed"
+        )
         loaded = next(r.index for r in server.backend.replicas if r.load > IMBALANCE_TOKENS)
         assert complete(server, prompt).status_code == 200
         after = submitted(server)
@@ -90,8 +98,12 @@ def test_a_client_that_leaves_aborts_its_request_on_the_replica(server: Replicat
         for number, _line in enumerate(response.iter_lines()):
             if number == 4:
                 break  # leave mid-stream
+
     def aborted() -> bool:
-        return sum(m.requests_finished[FinishReason.ABORT] for m in counters(server)) > sum(m.requests_finished[FinishReason.ABORT] for m in before)
+        return sum(m.requests_finished[FinishReason.ABORT] for m in counters(server)) > sum(
+            m.requests_finished[FinishReason.ABORT] for m in before
+        )
+
     wait_until(aborted, "the replica aborts the request", timeout=10)
     assert all(m.num_running == 0 for m in counters(server))
     assert sum(m.generation_tokens for m in counters(server)) - sum(m.generation_tokens for m in before) < 200
@@ -107,7 +119,10 @@ def test_metrics_aggregate_the_replicas_with_a_replica_label(server: ReplicatedS
         lines = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total{")]
         return {line.split('replica="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in lines}
 
-    wait_until(lambda: scraped() == {"0": fresh[0].generation_tokens, "1": fresh[1].generation_tokens}, "the scrape shows both replicas")
+    wait_until(
+        lambda: scraped() == {"0": fresh[0].generation_tokens, "1": fresh[1].generation_tokens},
+        "the scrape shows both replicas",
+    )
     text = httpx.get(f"{server.url}/metrics").text
     assert 'vllm:request_success_total{finished_reason="length",model_name="mock",replica="0"}' in text
     assert "vllm:time_to_first_token_seconds_count" in text  # the front end's own histograms stay
@@ -119,7 +134,9 @@ def test_bad_input_is_refused_before_routing(server: ReplicatedServer) -> None:
     response = complete(server, "fine", max_tokens=1100)
     assert response.status_code == 400 and "KV blocks but the pool has only 256" in response.text, response.text
     response = complete(server, [1, 500])
-    assert response.status_code == 400 and "prompt token ids must be integers in [0, 128)" in response.text, response.text
+    assert response.status_code == 400 and "prompt token ids must be integers in [0, 128)" in response.text, (
+        response.text
+    )
 
 
 def scrape_counters(server: ReplicatedServer) -> dict[str, float]:
@@ -129,14 +146,23 @@ def scrape_counters(server: ReplicatedServer) -> dict[str, float]:
 
 
 def num_errors(counters: dict[str, float]) -> float:
-    return sum(value for key, value in counters.items() if key.startswith("vllm:request_success_total{") and 'finished_reason="error"' in key)
+    return sum(
+        value
+        for key, value in counters.items()
+        if key.startswith("vllm:request_success_total{") and 'finished_reason="error"' in key
+    )
 
 
 def test_a_stream_whose_replica_dies_ends_with_an_error_event(server: ReplicatedServer) -> None:
     """... and /metrics counts it as an error, and no counter goes backwards when the replica restarts at 0."""
     assert complete(server, "1 warm").status_code == 200 and complete(server, "2 warm").status_code == 200  # one each
+
     def counted() -> bool:
-        return all(scrape_counters(server).get(f'vllm:generation_tokens_total{{model_name="mock",replica="{r}"}}') for r in "01")
+        return all(
+            scrape_counters(server).get(f'vllm:generation_tokens_total{{model_name="mock",replica="{r}"}}')
+            for r in "01"
+        )
+
     wait_until(counted, "both replicas' counters are above 0 in /metrics")
     before = scrape_counters(server)
     body = {"model": "mock", "prompt": "a stream to cut", "max_tokens": 900, "temperature": 0, "stream": True}
@@ -154,7 +180,9 @@ def test_a_stream_whose_replica_dies_ends_with_an_error_event(server: Replicated
     assert all("choices" in json.loads(event) for event in events[:-2])
     wait_until(lambda: all(r.is_ready for r in server.backend.replicas), "the replica is back")
     assert complete(server, "after the restart").status_code == 200
-    wait_until(lambda: all(r.is_ready and r.metrics is not None for r in server.backend.replicas), "both replicas report")
+    wait_until(
+        lambda: all(r.is_ready and r.metrics is not None for r in server.backend.replicas), "both replicas report"
+    )
     after = scrape_counters(server)
     assert {key: value for key, value in after.items() if key in before and value < before[key]} == {}
     assert num_errors(after) == num_errors(before) + 1  # the front end ended it: no replica counted it
@@ -173,7 +201,10 @@ def test_failover_after_a_replica_is_killed(ray_cluster: str) -> None:
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             futures = {pool.submit(complete, server, prompt, 40): prompt for prompt in prompts}
             flights = server.backend._flights
-            wait_until(lambda: len(flights) == len(prompts) and all(f.replica for f in list(flights.values())), "every request is routed")
+            wait_until(
+                lambda: len(flights) == len(prompts) and all(f.replica for f in list(flights.values())),
+                "every request is routed",
+            )
             time.sleep(0.1)  # each replica is into its first request (0.4 s long)
             victim, survivor = server.backend.replicas
             ray.kill(victim.actor, no_restart=False)
@@ -188,7 +219,9 @@ def test_failover_after_a_replica_is_killed(ray_cluster: str) -> None:
         assert len(ok) + len(failed) == len(prompts)
         assert num_completed(ray.get(survivor.actor.metrics.remote())) == len(ok)  # the moved ones ran there
         wait_until(lambda: victim.is_ready, "Ray restarts the replica and it is ready again", timeout=60)
-        replies = [complete(server, f"after restart {n}") for n in range(2)]  # idle replicas: the first goes to replica 0
+        replies = [
+            complete(server, f"after restart {n}") for n in range(2)
+        ]  # idle replicas: the first goes to replica 0
         assert all(r.status_code == 200 for r in replies)
         assert num_completed(ray.get(victim.actor.metrics.remote())) >= 1
 
@@ -201,19 +234,40 @@ def test_sigterm_drains_both_replicas(ray_cluster: str, tmp_path) -> None:
     from pathlib import Path
 
     port = free_port()
-    config = mock_config(server={"model_name": "mock", "port": port, "drain_timeout": 30, "backend_options": {"num_cpus_per_replica": 0.25, "health_check_interval": 0.1}})
+    config = mock_config(
+        server={
+            "model_name": "mock",
+            "port": port,
+            "drain_timeout": 30,
+            "backend_options": {"num_cpus_per_replica": 0.25, "health_check_interval": 0.1},
+        }
+    )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config.to_json()))
-    command = [str(Path(sys.executable).parent / "hetero-infer"), "serve", "--config", str(path), "--data-parallel-size", "2", "-o", f"server.backend_options.address={ray_cluster}"]
+    command = [
+        str(Path(sys.executable).parent / "hetero-infer"),
+        "serve",
+        "--config",
+        str(path),
+        "--data-parallel-size",
+        "2",
+        "-o",
+        f"server.backend_options.address={ray_cluster}",
+    ]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
+
         def running_per_replica() -> list[float]:
             try:
                 text = httpx.get(f"{url}/metrics").text
             except httpx.HTTPError:
                 return []
-            return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+            return [
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("vllm:num_requests_running{")
+            ]
 
         wait_until(lambda: len(running_per_replica()) == 2, "both replicas of the served process are ready", timeout=90)
         events: list[list[str]] = [[], []]
@@ -242,12 +296,16 @@ def test_sigterm_drains_both_replicas(ray_cluster: str, tmp_path) -> None:
 
 def test_replicas_that_cannot_load_make_the_server_unready_and_keep_the_reason(ray_cluster: str) -> None:
     options = {"num_cpus_per_replica": 0.25}
-    config = mock_config(executor={"name": "mock", "no_such_option": 1}, server={"model_name": "mock", "backend_options": options})
+    config = mock_config(
+        executor={"name": "mock", "no_such_option": 1}, server={"model_name": "mock", "backend_options": options}
+    )
     server = ReplicatedServer(config)
     server.thread.start()
     try:
         wait_until(lambda: server.backend.error is not None, "the replicas report their failure", timeout=60)
-        assert "has no option 'no_such_option'" in server.backend.error  # logged; clients hear only that it is out of service
+        assert (
+            "has no option 'no_such_option'" in server.backend.error
+        )  # logged; clients hear only that it is out of service
         response = httpx.get(f"{server.url}/readyz")
         assert response.status_code == 503 and response.json()["detail"] == "the backend is out of service"
         refused = complete(server, "anything")

@@ -7,11 +7,11 @@ from typing import Iterator
 import openai
 import pytest
 import ray
+from serve_ray_harness import ReplicatedServer, num_completed, wait_until
 
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
-from serve_ray_harness import ReplicatedServer, num_completed, wait_until
 
 pytestmark = pytest.mark.model  # the embedded model, in two replicas
 
@@ -21,7 +21,9 @@ CHATS = ["What is 2 + 2?", "Name a colour of the rainbow."]
 
 
 def model_config(**overrides) -> EngineConfig:
-    values = dict(executor={"name": "torch", "dtype": "float32", "num_threads": 1}, max_model_len=512, max_num_blocks=128)
+    values = dict(
+        executor={"name": "torch", "dtype": "float32", "num_threads": 1}, max_model_len=512, max_num_blocks=128
+    )
     values.update(overrides)
     return EngineConfig.from_mapping(values)
 
@@ -52,17 +54,29 @@ def test_two_replicas_answer_like_one_engine(server: ReplicatedServer, single_en
     for prompt in PROMPTS:
         answer = client.completions.create(model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
         assert answer.choices[0].text == single_engine_answers[prompt]
-        streamed = client.completions.create(model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+        streamed = client.completions.create(
+            model="smollm2", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
         assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == single_engine_answers[prompt]
     for question in CHATS:
         messages = [{"role": "user", "content": question}]
-        answer = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+        answer = client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=MAX_TOKENS, temperature=0
+        )
         assert answer.choices[0].message.content == single_engine_answers[question]
-        streamed = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True)
-        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == single_engine_answers[question]
+        streamed = client.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        )
+        assert (
+            "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == single_engine_answers[question]
+        )
     # a replica counts a request finished after its last delta has gone out, so the count may lag the client
     expected = 2 * (len(PROMPTS) + len(CHATS))
-    wait_until(lambda: sum(served_by(server)) == expected, f"replicas' metrics to count {expected} finished requests", timeout=10.0)
+    wait_until(
+        lambda: sum(served_by(server)) == expected,
+        f"replicas' metrics to count {expected} finished requests",
+        timeout=10.0,
+    )
     assert all(served_by(server))  # both replicas answered
 
 

@@ -28,7 +28,9 @@ def test_prompts_sharing_their_first_blocks_go_to_the_same_replica() -> None:
 def test_the_deepest_shared_block_decides() -> None:
     policy = PrefixAffinity(block_size=4)
     assert policy.choose(SYSTEM, [ReplicaLoad(0, 9), ReplicaLoad(1, 0)]) == 1  # replica 1 holds all 8 blocks
-    assert policy.choose(SYSTEM[:8], [ReplicaLoad(0, 0), ReplicaLoad(1, 5000)]) == 0  # overloaded: the first 2 move to 0
+    assert (
+        policy.choose(SYSTEM[:8], [ReplicaLoad(0, 0), ReplicaLoad(1, 5000)]) == 0
+    )  # overloaded: the first 2 move to 0
     assert policy.choose(SYSTEM[:8] + [2] * 8, idle(0, 1)) == 0
     assert policy.choose(SYSTEM + [1], idle(0, 1)) == 1  # the 8th block is still replica 1's
 
@@ -114,7 +116,9 @@ def test_backend_options_are_typed_and_refused_by_name_before_ray_starts() -> No
     def build(options: dict) -> None:
         create_backend(EngineConfig.from_mapping({"data_parallel_size": 2, "server": {"backend_options": options}}))
 
-    with pytest.raises(ConfigError, match="serving_backend 'ray' has no option 'bogus'; accepted: address, routing, routing_options"):
+    with pytest.raises(
+        ConfigError, match="serving_backend 'ray' has no option 'bogus'; accepted: address, routing, routing_options"
+    ):
         build({"bogus": 1})
     with pytest.raises(ConfigError, match="num_cpus_per_replica must be a number in \\[0, 1024\\], got -1"):
         build({"num_cpus_per_replica": -1})

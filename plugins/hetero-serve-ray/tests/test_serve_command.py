@@ -19,7 +19,6 @@ from typing import Iterator
 
 import httpx
 import pytest
-
 from serve_ray_harness import OBJECT_STORE_BYTES, free_port, mock_config, wait_until
 
 HETERO_INFER = str(Path(sys.executable).parent / "hetero-infer")
@@ -67,7 +66,9 @@ def running_per_replica(url: str) -> list[float]:
         text = httpx.get(f"{url}/metrics").text
     except httpx.HTTPError:
         return []
-    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running{")]
+    return [
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running{")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +79,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [HETERO_INFER, "serve", "--config", str(config), "--data-parallel-size", "2"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            [HETERO_INFER, "serve", "--config", str(config), "--data-parallel-size", "2"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     try:
-        wait_until(lambda: len(running_per_replica(url)) == 2 or process.poll() is not None, "both replicas are ready", timeout=120)
+        wait_until(
+            lambda: len(running_per_replica(url)) == 2 or process.poll() is not None,
+            "both replicas are ready",
+            timeout=120,
+        )
         assert process.poll() is None, log.read_text()[-3000:]
         yield process, url, log
     finally:
@@ -91,7 +99,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
 def test_every_request_finished_line_reaches_the_log(served) -> None:
     _process, url, log = served
     for number in range(NUM_LOGGED):
-        body = {"prompt": f"{number} log line", "max_tokens": 2, "temperature": 0}  # no shared prefix: the replicas take turns
+        body = {
+            "prompt": f"{number} log line",
+            "max_tokens": 2,
+            "temperature": 0,
+        }  # no shared prefix: the replicas take turns
         assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
 
     def logged() -> int:
@@ -119,7 +131,9 @@ def test_sigterm_drains_both_replicas_then_exits_0_and_leaves_no_process(served)
     for thread in streams:
         thread.join(timeout=60)
     finished, cut = events
-    assert finished[-1] == "[DONE]" and json.loads(finished[-2])["choices"][0]["finish_reason"] == "length", finished[-3:]
+    assert finished[-1] == "[DONE]" and json.loads(finished[-2])["choices"][0]["finish_reason"] == "length", finished[
+        -3:
+    ]
     assert cut[-1] == "[DONE]", cut[-3:]
     assert "shut down before this request finished" in json.loads(cut[-2])["error"]["message"]
     assert process.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -140,7 +154,12 @@ def test_a_cluster_with_token_authentication_is_named_as_the_cause(tmp_path: Pat
     """Ray says only ConnectionError; the server's error names the authentication and RAY_AUTH_MODE=token."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     head = subprocess.Popen(
-        [sys.executable, "-c", TOKEN_CLUSTER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", TOKEN_CLUSTER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         address = head.stdout.readline().strip()
@@ -149,8 +168,20 @@ def test_a_cluster_with_token_authentication_is_named_as_the_cause(tmp_path: Pat
         without_token = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
         without_token["RAY_gcs_server_port_wait_time_s"] = "1"  # one try to reach the cluster, not twenty
         done = subprocess.run(
-            [HETERO_INFER, "serve", "--config", str(config), "--data-parallel-size", "2", "-o", f"server.backend_options.address={address}"],
-            env=without_token, capture_output=True, text=True, timeout=120,
+            [
+                HETERO_INFER,
+                "serve",
+                "--config",
+                str(config),
+                "--data-parallel-size",
+                "2",
+                "-o",
+                f"server.backend_options.address={address}",
+            ],
+            env=without_token,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode != 0
         assert "uses token authentication and refused this process" in done.stderr, done.stderr[-3000:]

@@ -12,12 +12,12 @@ import httpx
 import pytest
 import ray
 from ray.cluster_utils import Cluster
+from serve_ray_harness import OBJECT_STORE_BYTES, ReplicatedServer, mock_config, num_completed
 
 from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
 from hetero_serve_ray import DataParallelEngine
-from serve_ray_harness import OBJECT_STORE_BYTES, ReplicatedServer, mock_config, num_completed
 
 ONE_CPU_EACH = {"num_cpus_per_replica": 1, "health_check_interval": 0.2}
 
@@ -70,8 +70,19 @@ def test_input_file_over_replicas_matches_one_engine(cluster: Cluster, tmp_path:
     config = mock_config(server={"backend_options": ONE_CPU_EACH})
     (tmp_path / "config.json").write_text(json.dumps(config.to_json()))
     command = [
-        str(Path(sys.executable).parent / "hetero-infer"), "--input-file", str(tmp_path / "prompts.txt"), "--config", str(tmp_path / "config.json"),
-        "--data-parallel-size", "2", "-o", f"server.backend_options.address={cluster.address}", "--max-tokens", "7", "--temperature", "0",
+        str(Path(sys.executable).parent / "hetero-infer"),
+        "--input-file",
+        str(tmp_path / "prompts.txt"),
+        "--config",
+        str(tmp_path / "config.json"),
+        "--data-parallel-size",
+        "2",
+        "-o",
+        f"server.backend_options.address={cluster.address}",
+        "--max-tokens",
+        "7",
+        "--temperature",
+        "0",
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -41,7 +41,9 @@ class LLGuidanceMatcher:
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         target = bitmask[row]
         if target.dtype != np.int32 or target.shape != (self._num_words,) or not target.flags["C_CONTIGUOUS"]:
-            raise ValueError(f"a bitmask row must be {self._num_words} contiguous int32 words, got {target.shape} {target.dtype}")
+            raise ValueError(
+                f"a bitmask row must be {self._num_words} contiguous int32 words, got {target.shape} {target.dtype}"
+            )
         self._matcher.unsafe_compute_mask_ptr(target.ctypes.data, target.nbytes)
         problem = self.problem()
         if problem is not None:
@@ -70,7 +72,9 @@ class LLGuidanceMatcher:
             self._eos_after_stop = False
             num_tokens -= 1
         if num_tokens and not self._matcher.rollback(num_tokens):
-            raise ExecutionError(f"the grammar matcher cannot roll back {num_tokens} tokens: {self._matcher.get_error()}")
+            raise ExecutionError(
+                f"the grammar matcher cannot roll back {num_tokens} tokens: {self._matcher.get_error()}"
+            )
 
     @property
     def is_finished(self) -> bool:
@@ -150,7 +154,9 @@ class LLGuidanceBackend:
 
     def _build(self, constraint: StructuredOutput) -> llguidance.LLMatcher:
         what = f"the {constraint.kind.value}"
-        template = llguidance.LLMatcher(self._tokenizer, self._grammar(constraint), log_level=0, limits=self._parser_limits)
+        template = llguidance.LLMatcher(
+            self._tokenizer, self._grammar(constraint), log_level=0, limits=self._parser_limits
+        )
         if template.is_error():
             raise refusal(what, template.get_error(), self.limits)
         self._check_first_step(template, what)
@@ -183,7 +189,11 @@ class LLGuidanceBackend:
 
     def fill_bitmasks(self, matchers: list[LLGuidanceMatcher], bitmask: np.ndarray) -> list[str | None]:
         """Implements :class:`hetero_core.structured_output.BatchMaskFiller`: the masks on the executor's threads."""
-        if bitmask.dtype != np.int32 or bitmask.shape != (len(matchers), self._num_words) or not bitmask.flags["C_CONTIGUOUS"]:
+        if (
+            bitmask.dtype != np.int32
+            or bitmask.shape != (len(matchers), self._num_words)
+            or not bitmask.flags["C_CONTIGUOUS"]
+        ):
             raise ValueError(
                 f"the bitmask must be {len(matchers)} rows of {self._num_words} contiguous int32 words,"
                 f" got {bitmask.shape} {bitmask.dtype}"
@@ -219,4 +229,6 @@ class LLGuidanceBackend:
                 return llguidance.LLMatcher.grammar_from_lark(tool_calls_grammar(value))
             return llguidance.grammar_from(value.dialect, value.text)
         except ValueError as exc:
-            raise ValidationError(f"structured_output: the {kind.value} cannot be used: {exc}", param="structured_output") from exc
+            raise ValidationError(
+                f"structured_output: the {kind.value} cannot be used: {exc}", param="structured_output"
+            ) from exc

@@ -26,7 +26,8 @@ class LLGuidanceOptions:
     whitespace_flexible: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
     max_cached_grammars: int = attrs.field(default=256, validator=number_in(1, 2**20, integer=True, error=ConfigError))
     mask_threads: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(number_in(1, MAX_MASK_THREADS, integer=True, error=ConfigError))
+        default=None,
+        validator=attrs.validators.optional(number_in(1, MAX_MASK_THREADS, integer=True, error=ConfigError)),
     )
     max_grammar_size: int = _bound(DEFAULT_LIMITS.max_grammar_size)
     compile_fuel: int = _bound(DEFAULT_LIMITS.compile_fuel)

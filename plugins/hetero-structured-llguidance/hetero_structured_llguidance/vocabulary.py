@@ -30,7 +30,9 @@ class _ByteVocabulary:
 def llguidance_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     """Build llguidance's view of ``tokenizer``'s vocabulary (it walks every token: build it once)."""
     if tokenizer.eos_token_id is None:
-        raise ConfigError("structured output needs a tokenizer with an end-of-sequence token", param="structured_output")
+        raise ConfigError(
+            "structured output needs a tokenizer with an end-of-sequence token", param="structured_output"
+        )
     return llguidance.LLTokenizer(
         llguidance.TokenizerWrapper(_ByteVocabulary(tokenizer)),
         n_vocab=tokenizer.vocab_size,

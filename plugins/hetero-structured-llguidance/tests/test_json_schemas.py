@@ -30,7 +30,10 @@ SCHEMAS = {
         "properties": {
             "user": {
                 "type": "object",
-                "properties": {"id": {"type": "integer"}, "address": {"type": "object", "properties": {"street": NAME}, "required": ["street"]}},
+                "properties": {
+                    "id": {"type": "integer"},
+                    "address": {"type": "object", "properties": {"street": NAME}, "required": ["street"]},
+                },
                 "required": ["id", "address"],
             }
         },
@@ -39,12 +42,25 @@ SCHEMAS = {
     "array of strings": {"type": "array", "items": NAME, "minItems": 1, "maxItems": 4},
     "array of objects": {
         "type": "object",
-        "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {"sku": NAME, "qty": {"type": "integer", "minimum": 1}}, "required": ["sku", "qty"]}, "maxItems": 3}},
+        "properties": {
+            "items": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"sku": NAME, "qty": {"type": "integer", "minimum": 1}},
+                    "required": ["sku", "qty"],
+                },
+                "maxItems": 3,
+            }
+        },
         "required": ["items"],
     },
     "enums": {
         "type": "object",
-        "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"type": "string", "enum": ["S", "M", "L"]}},
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "string", "enum": ["S", "M", "L"]},
+        },
         "required": ["color", "size"],
     },
     "bounded numbers": {
@@ -67,7 +83,13 @@ SCHEMAS = {
         "required": ["value"],
     },
     "references": {
-        "$defs": {"point": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}},
+        "$defs": {
+            "point": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+                "required": ["x", "y"],
+            }
+        },
         "type": "object",
         "properties": {"start": {"$ref": "#/$defs/point"}, "end": {"$ref": "#/$defs/point"}},
         "required": ["start", "end"],

@@ -16,14 +16,23 @@ from hetero_core.testing.structured_output import Walker
 from hetero_structured_llguidance import plugin
 from hetero_structured_llguidance.limits import GrammarLimits
 
-THOUSAND_STRINGS = {"type": "object", "properties": {f"field_{i}": {"type": "string", "maxLength": 4} for i in range(1000)}}
+THOUSAND_STRINGS = {
+    "type": "object",
+    "properties": {f"field_{i}": {"type": "string", "maxLength": 4} for i in range(1000)},
+}
 SELF_REFERENCE = {"$ref": "#"}
 
 REFUSED = [
-    ("a schema that is only a reference to itself", StructuredOutput.json_schema(SELF_REFERENCE), "no text satisfies the json_schema"),
+    (
+        "a schema that is only a reference to itself",
+        StructuredOutput.json_schema(SELF_REFERENCE),
+        "no text satisfies the json_schema",
+    ),
     (
         "mutually recursive definitions with no base case",
-        StructuredOutput.json_schema({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        StructuredOutput.json_schema(
+            {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+        ),
         "no text satisfies the json_schema",
     ),
     (
@@ -32,7 +41,11 @@ REFUSED = [
         "the json_schema passes the grammar engine's limit structured_output.step_max_items = 50,000",
     ),
     ("a regex that matches nothing", StructuredOutput.regex("[^\\x00-\\x{10FFFF}]"), "no text satisfies the regex"),
-    ("a repetition nested three deep", StructuredOutput.regex("((a{1000}){1000}){1000}"), "the regex cannot be used: lexer error"),
+    (
+        "a repetition nested three deep",
+        StructuredOutput.regex("((a{1000}){1000}){1000}"),
+        "the regex cannot be used: lexer error",
+    ),
     (
         "forced calls of a function whose arguments refer to themselves",
         StructuredOutput.tool_calls({"f": SELF_REFERENCE}, several=True),

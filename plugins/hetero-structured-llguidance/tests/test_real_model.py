@@ -61,14 +61,16 @@ def run_all(engine, submissions):
 
 def test_json_schemas_greedy_and_sampled(engine) -> None:
     submissions = []
-    for number, (name, schema) in enumerate(STRICT_SCHEMAS.items()):
+    for number, (_name, schema) in enumerate(STRICT_SCHEMAS.items()):
         constraint = StructuredOutput.json_schema(schema)
-        submissions.append((ask(json.dumps(schema)), GenerationParams(max_tokens=160, temperature=0.0, structured_output=constraint)))
+        submissions.append(
+            (ask(json.dumps(schema)), GenerationParams(max_tokens=160, temperature=0.0, structured_output=constraint))
+        )
         if number % 3 == 0:
             sampled = GenerationParams(max_tokens=160, temperature=0.8, n=2, seed=number, structured_output=constraint)
             submissions.append((ask(json.dumps(schema)), sampled))
     records = run_all(engine, submissions)
-    for (messages, params), record in zip(submissions, records):
+    for (_messages, params), record in zip(submissions, records, strict=True):
         schema = params.structured_output.schema
         for output in record.outputs:
             assert output.finish_reason is FinishReason.STOP, (schema, output.text)
@@ -78,11 +80,24 @@ def test_json_schemas_greedy_and_sampled(engine) -> None:
 def test_any_json_object_regex_and_choice(engine) -> None:
     pattern = r"\d{3}-\d{4}"
     cat = [{"role": "user", "content": "Give me a JSON object with a cat's name and age."}]
-    (obj,) = run_all(engine, [(cat, GenerationParams(max_tokens=200, temperature=0.0, structured_output=StructuredOutput.json_object()))])
+    (obj,) = run_all(
+        engine,
+        [(cat, GenerationParams(max_tokens=200, temperature=0.0, structured_output=StructuredOutput.json_object()))],
+    )
     assert obj.finish_reason is FinishReason.STOP and isinstance(json.loads(obj.output_text), dict)
     submissions = [
-        ([{"role": "user", "content": "Give a phone number."}], GenerationParams(max_tokens=20, temperature=1.0, n=3, seed=1, structured_output=StructuredOutput.regex(pattern))),
-        ([{"role": "user", "content": "Is the sky blue? Answer yes or no."}], GenerationParams(max_tokens=20, temperature=1.0, n=3, seed=2, structured_output=StructuredOutput.choice(["yes", "no"]))),
+        (
+            [{"role": "user", "content": "Give a phone number."}],
+            GenerationParams(
+                max_tokens=20, temperature=1.0, n=3, seed=1, structured_output=StructuredOutput.regex(pattern)
+            ),
+        ),
+        (
+            [{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+            GenerationParams(
+                max_tokens=20, temperature=1.0, n=3, seed=2, structured_output=StructuredOutput.choice(["yes", "no"])
+            ),
+        ),
     ]
     phone, answer = run_all(engine, submissions)
     assert all(re.fullmatch(pattern, o.text) for o in phone.outputs), [o.text for o in phone.outputs]
@@ -94,7 +109,9 @@ def test_constraints_hold_when_the_pool_preempts() -> None:
     engine = InferenceEngine(EngineConfig(max_num_blocks=24, block_size=4))
     try:
         schema = STRICT_SCHEMAS["nested objects"]
-        params = GenerationParams(max_tokens=60, temperature=0.8, n=3, seed=5, structured_output=StructuredOutput.json_schema(schema))
+        params = GenerationParams(
+            max_tokens=60, temperature=0.8, n=3, seed=5, structured_output=StructuredOutput.json_schema(schema)
+        )
         (record,) = run_all(engine, [([{"role": "user", "content": "Describe a user as JSON."}], params)])
         assert engine.metrics.num_preemptions > 0
         for output in record.outputs:
@@ -110,6 +127,8 @@ def test_logit_bias_of_minus_100_removes_the_greedy_token(engine) -> None:
     question = [{"role": "user", "content": "What is the capital of France?"}]
     (plain,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0))])
     first = plain.generated_tokens[0]
-    (biased,) = run_all(engine, [(question, GenerationParams(max_tokens=12, temperature=0.0, logit_bias={first: -100}))])
+    (biased,) = run_all(
+        engine, [(question, GenerationParams(max_tokens=12, temperature=0.0, logit_bias={first: -100}))]
+    )
     assert first not in biased.generated_tokens
     assert biased.output_text != plain.output_text

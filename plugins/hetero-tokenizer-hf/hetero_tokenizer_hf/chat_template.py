@@ -30,7 +30,9 @@ from hetero_core.errors import ConfigError, ValidationError
 from hetero_core.messages import check_messages, has_tool_history
 from hetero_core.tool_prompt import inline_tools
 
-RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})  # set by the caller, not by chat_template_kwargs
+RESERVED = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt"}
+)  # set by the caller, not by chat_template_kwargs
 
 
 class GenerationBlock(jinja2.ext.Extension):
@@ -138,7 +140,9 @@ class ChatTemplate:
         variables = dict(template_kwargs or {})
         reserved = sorted(set(variables) & (RESERVED | set(self._special_tokens)))
         if reserved:
-            raise ValidationError(f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs")
+            raise ValidationError(
+                f"chat_template_kwargs may not set {', '.join(reserved)}", param="chat_template_kwargs"
+            )
         try:
             text = self._template.render(
                 **self._special_tokens,
@@ -153,5 +157,7 @@ class ChatTemplate:
         if not marker:
             return text
         if marker not in text:  # the template left out or altered the last message
-            raise ValidationError("continue_final_message: the chat template does not render the last message's end", param="messages")
+            raise ValidationError(
+                "continue_final_message: the chat template does not render the last message's end", param="messages"
+            )
         return text[: text.rindex(marker)]

@@ -106,9 +106,7 @@ def _byte_level_tokenizer(metadata: GGUFMetadata) -> Tokenizer:
         return token if set(token) <= spelled else "".join(alphabet[byte] for byte in token.encode("utf-8"))
 
     vocab = {spell(token): index for index, token in enumerate(tokens)}
-    tokenizer = Tokenizer(
-        models.BPE(vocab=vocab, merges=[tuple(merge.split(" ")) for merge in merges], fuse_unk=False)
-    )
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(merge.split(" ")) for merge in merges], fuse_unk=False))
     tokenizer.pre_tokenizer = _pre_tokenizer(metadata.get("tokenizer.ggml.pre", "default"), metadata.path)
     tokenizer.decoder = decoders.ByteLevel()
     # Control tokens match whole and are special; user-defined ones match whole but are ordinary text.
@@ -116,14 +114,14 @@ def _byte_level_tokenizer(metadata: GGUFMetadata) -> Tokenizer:
     tokenizer.add_special_tokens(
         [
             AddedToken(token, special=True, normalized=False)
-            for token, kind in zip(tokens, token_types)
+            for token, kind in zip(tokens, token_types, strict=True)
             if kind == gguf.TokenType.CONTROL and set(token) <= spelled
         ]
     )
     tokenizer.add_tokens(
         [
             AddedToken(token, special=False, normalized=False)
-            for token, kind in zip(tokens, token_types)
+            for token, kind in zip(tokens, token_types, strict=True)
             if kind == gguf.TokenType.USER_DEFINED and token in vocab
         ]
     )

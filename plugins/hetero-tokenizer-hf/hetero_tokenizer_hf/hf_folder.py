@@ -60,7 +60,11 @@ def read_folder_tokenizer(folder: Path, tokenizer_file: Path) -> TokenizerSpec:
     model_config = _read_json(folder / "config.json")
 
     def special(name: str) -> int | None:
-        candidates = (settings.get(f"{name}_token"), generation.get(f"{name}_token_id"), model_config.get(f"{name}_token_id"))
+        candidates = (
+            settings.get(f"{name}_token"),
+            generation.get(f"{name}_token_id"),
+            model_config.get(f"{name}_token_id"),
+        )
         for value in candidates:
             token_id = _token_id(tokenizer, value)
             if token_id is not None:

@@ -82,14 +82,18 @@ class HuggingFaceTokenizer:
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         try:
-            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids  # encode() holds the GIL throughout
+            return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[
+                0
+            ].ids  # encode() holds the GIL throughout
         except TypeError as exc:
             raise ValidationError(f"text is not valid Unicode (a lone surrogate?): {exc}", param="prompt") from exc
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def new_detokenizer(self, prompt_token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> StreamingDetokenizer:
+    def new_detokenizer(
+        self, prompt_token_ids: Sequence[int], *, skip_special_tokens: bool = True
+    ) -> StreamingDetokenizer:
         return StreamingDetokenizer(
             self._tokenizer,
             prompt_token_ids,
@@ -110,7 +114,11 @@ class HuggingFaceTokenizer:
         directory.mkdir(parents=True, exist_ok=True)
         tokenizer_file, config_file = directory / "tokenizer.json", directory / "tokenizer_config.json"
         self._tokenizer.save(str(tokenizer_file))
-        config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False, **self._special_tokens}
+        config: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": False,
+            **self._special_tokens,
+        }
         if self._chat_template_source:
             config["chat_template"] = self._chat_template_source
         config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

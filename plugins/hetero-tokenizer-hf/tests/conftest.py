@@ -63,8 +63,15 @@ def small_vocabulary() -> dict[str, Any]:
 def write_gguf(tmp_path: Path, small_vocabulary: dict[str, Any]) -> Callable[..., Path]:
     """Write a tensor-less GGUF file with the small vocabulary; keyword arguments change its tokenizer metadata."""
 
-    def write(name: str = "model.gguf", *, model: str = "gpt2", pre: str = "smollm", add_bos: bool = False,
-              token_types: list[int] | None = None, chat_template: str | None = None) -> Path:
+    def write(
+        name: str = "model.gguf",
+        *,
+        model: str = "gpt2",
+        pre: str = "smollm",
+        add_bos: bool = False,
+        token_types: list[int] | None = None,
+        chat_template: str | None = None,
+    ) -> Path:
         path = tmp_path / name
         writer = gguf.GGUFWriter(str(path), "llama")
         writer.add_context_length(512)

@@ -80,11 +80,16 @@ TOOL_CONVERSATION = [
     {
         "role": "assistant",
         "content": None,
-        "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ],
     },
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
 ]
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
 NATIVE_TOOLS_TEMPLATE = (
     "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
     "{% for m in messages %}[{{ m.role }}]{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }}"
@@ -98,17 +103,32 @@ def test_a_template_with_tool_support_renders_them_itself_as_in_transformers(wri
     expected = load_reference(path).apply_chat_template(
         TOOL_CONVERSATION, tools=[WEATHER], tokenize=False, add_generation_prompt=True, greeting="hi"
     )
-    rendered = load_tokenizer(path).apply_chat_template(TOOL_CONVERSATION, tools=[WEATHER], template_kwargs={"greeting": "hi"})
+    rendered = load_tokenizer(path).apply_chat_template(
+        TOOL_CONVERSATION, tools=[WEATHER], template_kwargs={"greeting": "hi"}
+    )
     assert rendered == expected
-    assert rendered.startswith("TOOLS:get_weather;[user]") and 'CALL get_weather{"city": "Paris"}' in rendered and "sunny for call_1" in rendered
+    assert (
+        rendered.startswith("TOOLS:get_weather;[user]")
+        and 'CALL get_weather{"city": "Paris"}' in rendered
+        and "sunny for call_1" in rendered
+    )
 
 
 def test_a_template_without_tool_support_gets_the_default_convention(embedded) -> None:
     rendered = embedded.apply_chat_template(TOOL_CONVERSATION, tools=[WEATHER])
-    assert rendered.startswith("<|im_start|>system\nYou can call functions (tools).")  # instead of the default system prompt
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in rendered
-    assert rendered.endswith("<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
-    with_system = embedded.apply_chat_template([{"role": "system", "content": "Be brief."}, *TOOL_CONVERSATION], tools=[WEATHER])
+    assert rendered.startswith(
+        "<|im_start|>system\nYou can call functions (tools)."
+    )  # instead of the default system prompt
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+        in rendered
+    )
+    assert rendered.endswith(
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    with_system = embedded.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, *TOOL_CONVERSATION], tools=[WEATHER]
+    )
     assert with_system.startswith("<|im_start|>system\nBe brief.\n\nYou can call functions")
 
 
@@ -125,7 +145,9 @@ def test_continue_final_message_needs_text_to_continue(write_gguf) -> None:
         tokenizer.apply_chat_template(TOOL_CONVERSATION[:2], add_generation_prompt=False, continue_final_message=True)
     roles_only = load_tokenizer(write_gguf(chat_template="{% for m in messages %}{{ m.role }}{% endfor %}"))
     with pytest.raises(ValidationError, match="continue_final_message"):  # the template never shows the content
-        roles_only.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=False, continue_final_message=True)
+        roles_only.apply_chat_template(
+            [{"role": "user", "content": "x"}], add_generation_prompt=False, continue_final_message=True
+        )
 
 
 def test_template_kwargs_cannot_replace_what_the_caller_sets(embedded) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hetero_tokenizer_hf.gguf_vocab import gpt2_byte_alphabet
 
@@ -13,7 +14,9 @@ texts = st.text(
     min_size=1,
     max_size=60,
 )
-fixture_settings = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+fixture_settings = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def byte_token(tokenizer, byte: int) -> int:
@@ -51,7 +54,9 @@ def test_one_token_at_a_time(embedded, text: str) -> None:
 @given(texts, st.randoms(use_true_random=False), st.booleans())
 def test_random_chunks(embedded, text: str, rng: random.Random, skip_special_tokens: bool) -> None:
     ids = embedded.encode(f"<|im_start|>{text}<|im_end|>")
-    pieces = stream(embedded, ids, [rng.randint(1, 5) for _ in range(8)], embedded.encode("Prompt"), skip_special_tokens)
+    pieces = stream(
+        embedded, ids, [rng.randint(1, 5) for _ in range(8)], embedded.encode("Prompt"), skip_special_tokens
+    )
     assert "".join(pieces) == embedded.decode(ids, skip_special_tokens=skip_special_tokens)
     assert_no_broken_character(pieces, embedded.decode(ids))
 

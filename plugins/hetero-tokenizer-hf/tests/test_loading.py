@@ -59,7 +59,9 @@ def test_named_chat_templates_use_the_default(embedded, tmp_path: Path) -> None:
     assert load_tokenizer(tmp_path).apply_chat_template([{"role": "user", "content": "a"}]) == "plain"
 
 
-@pytest.mark.parametrize(("flags", "expected"), [({}, []), ({"add_bos_token": True}, [1]), ({"add_eos_token": True}, [2])])
+@pytest.mark.parametrize(
+    ("flags", "expected"), [({}, []), ({"add_bos_token": True}, [1]), ({"add_eos_token": True}, [2])]
+)
 def test_bos_and_eos_flags_of_a_folder(embedded, tmp_path: Path, flags: dict, expected: list[int]) -> None:
     write_folder(tmp_path, embedded, tokenizer_config={"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", **flags})
     ids = load_tokenizer(tmp_path).encode("hi")
@@ -125,6 +127,10 @@ def test_save_pretrained_writes_a_folder_that_loads_as_the_same_tokenizer(embedd
     reloaded = load_tokenizer(tmp_path / "export")
     text = "Hello, wörld <|im_end|> 🙂"
     assert reloaded.encode(text) == embedded.encode(text)
-    assert (reloaded.bos_token_id, reloaded.eos_token_id, reloaded.vocab_size) == (embedded.bos_token_id, embedded.eos_token_id, embedded.vocab_size)
+    assert (reloaded.bos_token_id, reloaded.eos_token_id, reloaded.vocab_size) == (
+        embedded.bos_token_id,
+        embedded.eos_token_id,
+        embedded.vocab_size,
+    )
     chat = [{"role": "user", "content": "Hi"}]
     assert reloaded.apply_chat_template(chat) == embedded.apply_chat_template(chat)

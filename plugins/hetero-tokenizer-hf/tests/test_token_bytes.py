@@ -11,7 +11,17 @@ from hetero_tokenizer_hf.token_bytes import token_bytes
 
 
 def _sentencepiece_tokenizer() -> Tokenizer:
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<0x0A>": 3, "<0xE6>": 4, "\u2581hello": 5, "\u2581": 6, "h": 7, "ello": 8}
+    vocab = {
+        "<unk>": 0,
+        "<s>": 1,
+        "</s>": 2,
+        "<0x0A>": 3,
+        "<0xE6>": 4,
+        "\u2581hello": 5,
+        "\u2581": 6,
+        "h": 7,
+        "ello": 8,
+    }
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tokenizer.decoder = decoders.Sequence(

@@ -16,12 +16,16 @@ MOCK = ["--tokenizer", "simple", "--executor", "mock", "--block-size", "4"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).parent / "hetero-infer"), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "hetero-infer"), *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_flags_override_the_config_file(tmp_path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"block_size": 32, "max_num_blocks": 100, "executor": {"name": "torch", "dtype": "float32"}}))
+    path.write_text(
+        json.dumps({"block_size": 32, "max_num_blocks": 100, "executor": {"name": "torch", "dtype": "float32"}})
+    )
     args = build_parser().parse_args(["--config", str(path), "--max-num-blocks", "7", "-o", "executor.dtype=bfloat16"])
     config = engine_config(args)
     assert config.block_size == 32  # from the file
@@ -32,8 +36,19 @@ def test_flags_override_the_config_file(tmp_path) -> None:
 
 def test_component_flags_keep_the_file_options_of_the_same_component(tmp_path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"tokenizer": {"name": "huggingface", "path": "tok.json"}, "executor": {"name": "torch", "dtype": "float32"}}))
-    config = engine_config(build_parser().parse_args(["--config", str(path), "--tokenizer", "huggingface", "--executor", "mock", "--scheduler", "priority"]))
+    path.write_text(
+        json.dumps(
+            {
+                "tokenizer": {"name": "huggingface", "path": "tok.json"},
+                "executor": {"name": "torch", "dtype": "float32"},
+            }
+        )
+    )
+    config = engine_config(
+        build_parser().parse_args(
+            ["--config", str(path), "--tokenizer", "huggingface", "--executor", "mock", "--scheduler", "priority"]
+        )
+    )
     assert config.tokenizer.options == {"path": "tok.json"}
     assert config.executor.name == "mock" and config.executor.options == {}  # torch's options do not apply to mock
     assert config.scheduler.name == "priority"
@@ -74,7 +89,10 @@ def test_each_line_of_a_batch_file_may_set_its_own_parameters(tmp_path) -> None:
         ('{"prompt": "x", "max_token": 2}', "unknown key 'max_token'"),
         ('{"prompt": "x", "structured_output": "a+"}', "unknown key 'structured_output'"),
         ('{"prompt": "x", "temperature": 5}', "temperature must be"),
-        ('{"prompt": "x", "messages": [{"role": "user", "content": "y"}]}', "expected an object with 'prompt' or 'messages' (one of them)"),
+        (
+            '{"prompt": "x", "messages": [{"role": "user", "content": "y"}]}',
+            "expected an object with 'prompt' or 'messages' (one of them)",
+        ),
     ],
 )
 def test_a_bad_line_of_a_batch_file_is_an_input_error_naming_it(tmp_path, capsys, line: str, error: str) -> None:
@@ -95,7 +113,9 @@ def test_chat_keeps_the_history(monkeypatch, capsys) -> None:
 def test_errors_are_one_line_without_traceback() -> None:
     result = run_cli("--input", "x", "--temperature", "9", *MOCK)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == ["hetero-infer: error: temperature must be a number in [0.0, 2.0], got 9.0"]
+    assert result.stderr.strip().splitlines() == [
+        "hetero-infer: error: temperature must be a number in [0.0, 2.0], got 9.0"
+    ]
     missing = run_cli("--config", "/nonexistent.json", "--input", "x")
     assert missing.returncode == 2 and "cannot read config file" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -118,7 +138,9 @@ def test_nothing_to_do_is_an_error(capsys) -> None:
 def test_file_problems_are_one_line_errors(tmp_path) -> None:
     missing = run_cli("--input-file", str(tmp_path / "absent.txt"), *MOCK)
     assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [f"hetero-infer: error: {tmp_path / 'absent.txt'}: No such file or directory"]
+    assert missing.stderr.strip().splitlines() == [
+        f"hetero-infer: error: {tmp_path / 'absent.txt'}: No such file or directory"
+    ]
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "fine"}\n{"prompt": broken\n')
     malformed = run_cli("--input-file", str(prompts), *MOCK)
@@ -141,7 +163,12 @@ def test_bench_runs_a_benchmark_program(capsys) -> None:
 
 
 def test_json_schema_and_regex_constrain_one_shot_and_batch_answers(tmp_path, capsys) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     schema_file = tmp_path / "schema.json"
     schema_file.write_text(json.dumps(schema))
     assert main(["--input", "hello", "--max-tokens", "40", "--json-schema", str(schema_file), *MOCK]) == 0
@@ -149,7 +176,22 @@ def test_json_schema_and_regex_constrain_one_shot_and_batch_answers(tmp_path, ca
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("one\ntwo\n")
     out = tmp_path / "out.jsonl"
-    assert main(["--input-file", str(prompts), "--output-file", str(out), "--max-tokens", "20", "--regex", "[0-9]{3}", *MOCK]) == 0
+    assert (
+        main(
+            [
+                "--input-file",
+                str(prompts),
+                "--output-file",
+                str(out),
+                "--max-tokens",
+                "20",
+                "--regex",
+                "[0-9]{3}",
+                *MOCK,
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [len(r["output"]) for r in rows] == [3, 3] and all(r["output"].isdigit() for r in rows)
 
@@ -164,5 +206,9 @@ def test_a_schema_file_that_is_not_json_is_an_input_error(tmp_path, capsys) -> N
 def test_output_shaping_flags_reach_the_parameters() -> None:
     plain = generation_params(build_parser().parse_args(["--input", "x"]))
     assert not plain.include_stop_str_in_output and plain.skip_special_tokens
-    shaped = generation_params(build_parser().parse_args(["--input", "x", "--stop", "!", "--include-stop-str-in-output", "--no-skip-special-tokens"]))
+    shaped = generation_params(
+        build_parser().parse_args(
+            ["--input", "x", "--stop", "!", "--include-stop-str-in-output", "--no-skip-special-tokens"]
+        )
+    )
     assert shaped.include_stop_str_in_output and not shaped.skip_special_tokens

@@ -57,7 +57,10 @@ def test_a_batch_writes_every_error_and_exits_1(failing_config, tmp_path, capsys
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "good"}\n{"prompt": "a B"}\n{"prompt": ""}\n{"prompt": "also good"}\n')
     out = tmp_path / "out.jsonl"
-    assert main(["--config", failing_config, "--input-file", str(prompts), "--output-file", str(out), "--max-tokens", "3"]) == 1
+    assert (
+        main(["--config", failing_config, "--input-file", str(prompts), "--output-file", str(out), "--max-tokens", "3"])
+        == 1
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r.get("error") for r in rows] == [None, "cannot generate after a B", "prompt must not be empty", None]
     assert rows[0]["completion_tokens"] == rows[3]["completion_tokens"] == 3
@@ -66,8 +69,19 @@ def test_a_batch_writes_every_error_and_exits_1(failing_config, tmp_path, capsys
 
 def test_component_options_and_the_cache_allocator_flag() -> None:
     args = build_parser().parse_args(
-        [*MOCK, "--cache-allocator", "paged", "-o", "cache_allocator.enable_prefix_caching=false",
-         "--option", "executor.vocab_size=128", "-o", "executor.step_latency=0.5", "-o", "tokenizer.add_bos=true"]
+        [
+            *MOCK,
+            "--cache-allocator",
+            "paged",
+            "-o",
+            "cache_allocator.enable_prefix_caching=false",
+            "--option",
+            "executor.vocab_size=128",
+            "-o",
+            "executor.step_latency=0.5",
+            "-o",
+            "tokenizer.add_bos=true",
+        ]
     )
     config = engine_config(args)
     assert config.cache_allocator.options == {"enable_prefix_caching": False}
@@ -78,11 +92,23 @@ def test_component_options_and_the_cache_allocator_flag() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["-o", "executor.vocab_size=lots"], "executor 'mock' option vocab_size must be an integer in [1, 2147483647], got 'lots'"),
-        (["-o", "executor.colour=red"], "executor 'mock' has no option 'colour'; accepted: vocab_size, eos_token_id, eos_probability,"),
+        (
+            ["-o", "executor.vocab_size=lots"],
+            "executor 'mock' option vocab_size must be an integer in [1, 2147483647], got 'lots'",
+        ),
+        (
+            ["-o", "executor.colour=red"],
+            "executor 'mock' has no option 'colour'; accepted: vocab_size, eos_token_id, eos_probability,",
+        ),
         (["--dtype", "float32"], "--dtype is the executor's option now: use -o executor.dtype=float32"),
-        (["-o", "engine.x=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator"),
-        (["-o", "server=1"], "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator, executor, structured_output, server,"),
+        (
+            ["-o", "engine.x=1"],
+            "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator",
+        ),
+        (
+            ["-o", "server=1"],
+            "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator, executor, structured_output, server,",
+        ),
         (["--cache-allocator", "pagd"], "unknown cache_allocator 'pagd'; installed: 'paged'"),
         (["--block-size", "1000000000"], "block_size must be an integer in [1, 1024], got 1000000000"),
     ],
@@ -137,5 +163,7 @@ def test_a_broken_plugin_does_not_break_the_commands(tmp_path) -> None:
     assert listing.returncode == 0
     broken = {p["name"]: p for p in json.loads(listing.stdout)}["wreck"]
     assert broken == {"name": "wreck", "broken": "cannot load entry point 'wreck_plugin': ImportError: half installed"}
-    generated = subprocess.run([cli, "--input", "hi", "--max-tokens", "2", *MOCK], capture_output=True, text=True, env=env, timeout=120)
+    generated = subprocess.run(
+        [cli, "--input", "hi", "--max-tokens", "2", *MOCK], capture_output=True, text=True, env=env, timeout=120
+    )
     assert generated.returncode == 0 and "wreck" in generated.stderr  # a warning names it; the rest works
