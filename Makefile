@@ -12,7 +12,7 @@ CONTRIB := $(sort $(dir $(wildcard contrib/plugin-template/pyproject.toml)))
 PROMPT ?= What is the capital of France? Answer in one sentence.
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-core bench serve clean
+.PHONY: setup run test test-core lint bench serve clean
 
 $(BIN)/.installed: pyproject.toml $(wildcard plugins/*/pyproject.toml) $(wildcard kernels/pyproject.toml) Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -44,10 +44,15 @@ run: setup
 
 # The kernel and executor suites run twice: with the kernels this CPU supports, then with every
 # instruction-specific kernel turned off, as on a CPU without them (the portable paths).
-# test-core first: the core's own tests where nothing but the core is installed (tests/integration is not collected there).
-test: setup test-core
+# lint and test-core first: ruff over the tree, then the core's own tests where nothing but the core is
+# installed (tests/integration is not collected there).
+test: setup lint test-core
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 	HETERO_KERNELS_PORTABLE=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile kernels/tests plugins/hetero-executor-torch/tests $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test-core: $(CORE_BIN)/.installed
 	$(CORE_BIN)/python -m pytest -q tests -m "not integration"
