@@ -35,7 +35,8 @@ class NumbaCudaAttention(KernelAttention):
     def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
         if device.type == "cpu" and not simulator_enabled():
             raise ConfigError(
-                "attention 'numba-cuda' runs the Numba CUDA kernels: it needs a CUDA device (or NUMBA_ENABLE_CUDASIM=1 to run them on the simulator)",
+                "attention 'numba-cuda' runs the Numba CUDA kernels: it needs a CUDA device "
+                "(or NUMBA_ENABLE_CUDASIM=1 to run them on the simulator)",
                 param="attention",
             )
         if device.type == "cpu":

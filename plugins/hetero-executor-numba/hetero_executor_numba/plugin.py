@@ -34,7 +34,8 @@ def numba_cuda_executor(
     """The ``torch`` executor with the ``numba-cuda`` attention backend, on the GPU (see the module's docstring)."""
     if attention != NAME:
         raise ConfigError(
-            f"executor 'numba-cuda' runs attention {NAME!r}, not {attention!r}; for another backend use executor 'torch'",
+            f"executor 'numba-cuda' runs attention {NAME!r}, not {attention!r}; "
+            "for another backend use executor 'torch'",
             param="attention",
         )
     return TorchExecutor(config, dtype=_dtype(dtype), device=_device(device), attention=NumbaCudaAttention(), **options)
@@ -51,7 +52,8 @@ def _device(device: str) -> str:
         return "cpu"  # the simulator runs the kernels on host memory
     if not torch.cuda.is_available():
         raise ConfigError(
-            "executor 'numba-cuda' needs a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 to run its kernels on the simulator); use executor 'torch' on the CPU",
+            "executor 'numba-cuda' needs a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1 to run its kernels on the simulator); "
+            "use executor 'torch' on the CPU",
             param="executor",
         )
     resolved = resolve_device("cuda" if device == "auto" else device)

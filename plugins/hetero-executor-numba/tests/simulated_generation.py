@@ -1,6 +1,6 @@
 """Greedy tokens and prompt logprobs of the numba-cuda executor on a tiny model, in float32 (as the torch executor
-they are compared with), how many decode graphs it kept and which kernels ran its layers, as JSON: on a GPU, or on the CUDA simulator
-with NUMBA_ENABLE_CUDASIM=1.
+they are compared with), how many decode graphs it kept and which kernels ran its layers, as JSON: on a GPU,
+or on the CUDA simulator with NUMBA_ENABLE_CUDASIM=1.
 
 Arguments: the model folder, the prompts (JSON) and the executor's config (JSON): the ``numba-cuda`` preset, or the
 ``torch`` executor with ``attention: numba-cuda``.

@@ -1,4 +1,5 @@
-"""The numba-cuda executor gives the torch executor's greedy tokens and prompt logprobs (on the CUDA simulator when no GPU),
+"""The numba-cuda executor gives the torch executor's greedy tokens and prompt logprobs
+(on the CUDA simulator when no GPU),
 its layers' small ops fused into ``hetero_kernels.cuda_fused`` kernels."""
 
 from __future__ import annotations

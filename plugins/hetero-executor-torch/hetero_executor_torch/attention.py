@@ -89,7 +89,8 @@ def paged_attention(
     inputs: AttentionInputs,
     scale: float,
 ) -> torch.Tensor:
-    """Attention output [T, heads, head_size] for query [T, heads, head_size]; the cache already holds this step's keys."""
+    """Attention output [T, heads, head_size] for query [T, heads, head_size];
+    the cache already holds this step's keys."""
     out = torch.empty_like(query)
     for group in inputs.decode_groups:
         out[group.start : group.start + group.count] = decode_attention(query, k_cache, v_cache, group, scale)
@@ -170,7 +171,8 @@ def torch_inputs(step: StepLayout, slot_mapping: torch.Tensor) -> AttentionInput
 
 
 class TorchAttention:
-    """The ``torch`` attention backend: gather the blocks, then scaled-dot-product attention. Any device, any cache dtype."""
+    """The ``torch`` attention backend: gather the blocks, then scaled-dot-product attention. Any device,
+    any cache dtype."""
 
     name = "torch"
     supports_graphs = True

@@ -46,7 +46,8 @@ class AttentionBackend(Protocol):
     supports_graphs: bool
 
     def configure(self, device: torch.device, kv_cache_dtype: torch.dtype) -> torch.dtype:
-        """The KV cache dtype this backend reads on ``device`` (``kv_cache_dtype`` or its own); ConfigError if it cannot run there."""
+        """The KV cache dtype this backend reads on ``device`` (``kv_cache_dtype`` or its own);
+        ConfigError if it cannot run there."""
         ...
 
     def inputs(self, step: StepLayout, slot_mapping: torch.Tensor) -> Any:
@@ -70,7 +71,8 @@ class AttentionBackend(Protocol):
         inputs: Any,
         scale: float,
     ) -> torch.Tensor:
-        """Attention output ``[T, heads, head_size]``; the caches ``[blocks, block_size, kv_heads, head_size]`` already hold the step's keys/values."""
+        """Attention output ``[T, heads, head_size]``; the caches ``[blocks, block_size, kv_heads, head_size]`` already
+        hold the step's keys/values."""
         ...
 
 
@@ -112,7 +114,8 @@ class AttentionBackends:
                 )
             if name in self._factories:
                 raise ConfigError(
-                    f"attention backend {name!r} is registered twice: by plugin {self._factories[name][1]!r} and by plugin {plugin!r};"
+                    f"attention backend {name!r} is registered twice: by plugin {self._factories[name][1]!r} and by "
+                    f"plugin {plugin!r};"
                     " disable one of them (HETERO_DISABLE_PLUGINS or plugins.disable)"
                 )
             self._factories[name] = (factory, plugin)
@@ -130,7 +133,8 @@ class AttentionBackends:
         """A new backend ``name``; ``ConfigError`` listing the names on offer when none is registered so."""
         if name not in self._factories:
             raise ConfigError(
-                f"executor option attention must be one of auto, {', '.join(self.names())}; got {name!r}{self._why_missing(name)}",
+                f"executor option attention must be one of auto, {', '.join(self.names())}; "
+                f"got {name!r}{self._why_missing(name)}",
                 param="attention",
             )
         factory, plugin = self._factories[name]
@@ -161,7 +165,10 @@ class AttentionBackends:
             except Exception:  # a disabled plugin may well be broken too: then it provides nothing
                 continue
             if name in provided:
-                return f"; attention backend {name!r} is provided by plugin {plugin!r}, which is disabled (HETERO_DISABLE_PLUGINS or plugins.disable)"
+                return (
+                    f"; attention backend {name!r} is provided by plugin {plugin!r}, which is disabled "
+                    "(HETERO_DISABLE_PLUGINS or plugins.disable)"
+                )
         if self._pm.broken:
             return "; broken plugins, which may provide it: " + "; ".join(
                 f"{p!r} ({why})" for p, why in sorted(self._pm.broken.items())

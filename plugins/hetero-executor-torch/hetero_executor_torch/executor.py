@@ -242,7 +242,8 @@ class TorchExecutor:
             return self.device.type == "cuda" if decode_graphs == "auto" else bool(decode_graphs)
         if decode_graphs is True:
             raise ConfigError(
-                f"attention backend {self.attention.name!r} does not support decode graphs; set decode_graphs to false or auto",
+                f"attention backend {self.attention.name!r} does not support decode graphs; "
+                "set decode_graphs to false or auto",
                 param="decode_graphs",
             )
         return False

@@ -97,7 +97,8 @@ def build_weights(
     dense_copy: bool = False,
     small_batch_kernels: bool = True,
 ) -> ModelWeights:
-    """Read each weight once and hold it in ``weight_format`` (see :func:`~hetero_executor_torch.quantized.make_linear`)."""
+    """Read each weight once and hold it in ``weight_format``
+    (see :func:`~hetero_executor_torch.quantized.make_linear`)."""
     weights = dict(weights)  # taken as the layers are built
     # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
     # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)

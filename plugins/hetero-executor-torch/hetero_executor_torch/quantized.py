@@ -362,9 +362,9 @@ class Int8Rows:
 
 
 Rows = KernelRows | Int8Rows
-TILE_WEIGHTS = (
-    1 << 22
-)  # weights widened at a time for a matmul of many rows (8 MiB in bf16): fewer, larger matmuls measured faster than L2-sized ones
+# weights widened at a time for a matmul of many rows (8 MiB in bf16):
+# fewer, larger matmuls measured faster than L2-sized ones
+TILE_WEIGHTS = 1 << 22
 
 
 class PackedLinear:

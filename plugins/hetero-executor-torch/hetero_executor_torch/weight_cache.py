@@ -171,7 +171,8 @@ class WeightCache:
         self.evict(keep=key)
 
     def evict(self, keep: str | None = None) -> None:
-        """Delete the least recently read entries (never ``keep``) until the rest fit ``max_bytes``, and stale temporaries."""
+        """Delete the least recently read entries (never ``keep``) until the rest fit ``max_bytes``,
+        and stale temporaries."""
         entries, now = [], time.time()
         for path in self.directory.iterdir():
             try:
@@ -192,7 +193,8 @@ class WeightCache:
 
 
 def load_or_build(cache: WeightCache | None, model: Path, settings: Mapping[str, Any], build: Callable[[], T]) -> T:
-    """``build()``'s objects, read from ``cache`` where an entry for ``model`` and ``settings`` exists, else built and stored."""
+    """``build()``'s objects, read from ``cache`` where an entry for ``model`` and ``settings`` exists,
+    else built and stored."""
     if cache is None:
         return build()
     started = time.perf_counter()

@@ -1,5 +1,5 @@
-"""The attention-backend seam: a third-party backend plugs in through the plugin hook or as an object, and gives the same
-tokens; its plugin is disabled, reported broken and listed like any other."""
+"""The attention-backend seam: a third-party backend plugs in through the plugin hook or as an object,
+and gives the same tokens; its plugin is disabled, reported broken and listed like any other."""
 
 from __future__ import annotations
 

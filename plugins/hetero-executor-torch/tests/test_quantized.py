@@ -1,4 +1,5 @@
-"""Packed weights compute the linear layer of the weights they hold: GGUF 4-bit and 8-bit blocks, int4 and int8 quantization."""
+"""Packed weights compute the linear layer of the weights they hold: GGUF 4-bit and 8-bit blocks,
+int4 and int8 quantization."""
 
 from __future__ import annotations
 
@@ -183,7 +184,8 @@ def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -
     assert isinstance(linear.packed, TiledInt4Weights) == kernel_here("cpu_int4_tiles")
     if not kernel_here("cpu_int4_tiles"):
         pytest.skip(
-            "no tiled kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set): torch's int4 kernel rounds its scales to bf16"
+            "no tiled kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set): "
+            "torch's int4 kernel rounds its scales to bf16"
         )
     for rows in sorted({VNNI_MAX_ROWS + 1, (VNNI_MAX_ROWS + 1 + linear.max_rows) // 2, linear.max_rows}):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()

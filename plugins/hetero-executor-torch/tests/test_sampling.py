@@ -238,7 +238,8 @@ def test_argmax_rows_picks_the_first_largest_as_argmax_does(rows: int, width: in
     seed=st.integers(0, 2**16),
 )
 def test_masks_apply_to_their_rows_only(vocab, constrained, bf16, seed) -> None:
-    """Against a bit-by-bit reference: all rows or some constrained, the model's dtype, a vocabulary past the mask's width."""
+    """Against a bit-by-bit reference: all rows or some constrained, the model's dtype,
+    a vocabulary past the mask's width."""
     rng = np.random.default_rng(seed)
     num_words = max(1, (vocab - 40 + 31) // 32)  # the tokenizer's ids; the model's beyond the mask are never allowed
     bitmask = rng.integers(-(2**31), 2**31, size=(len(constrained), num_words), dtype=np.int64).astype(np.int32)

@@ -22,7 +22,8 @@ DEFAULT_BACKEND = "local_engine"
 
 
 def backend_name(config: EngineConfig) -> str:
-    """The backend ``config`` asks for: ``server.backend``, or ``data_parallel_backend`` for replicas of the local engine."""
+    """The backend ``config`` asks for: ``server.backend``,
+    or ``data_parallel_backend`` for replicas of the local engine."""
     backend = server_config(config).backend
     if config.data_parallel_size == 1:
         return backend

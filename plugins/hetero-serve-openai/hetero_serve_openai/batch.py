@@ -43,7 +43,8 @@ def batch_command(argv: list[str]) -> int:
 def replicated_batch(
     config: EngineConfig, input_file: Path, output_file: Path | None, params: GenerationParams
 ) -> None:
-    """Generate for every prompt of ``input_file`` over the replicas, with one progress bar; one JSON line per prompt."""
+    """Generate for every prompt of ``input_file`` over the replicas, with one progress bar;
+    one JSON line per prompt."""
     items = read_prompts(input_file, params)
     groups: dict[GenerationParams, list[int]] = {}  # line indexes by their parameters
     for index, (_, item_params) in enumerate(items):

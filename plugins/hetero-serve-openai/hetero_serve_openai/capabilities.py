@@ -37,7 +37,8 @@ def capabilities_of(backend: object, name: str) -> frozenset[str]:
     unknown = sorted(declared - CAPABILITIES)
     if unknown:
         raise ConfigError(
-            f"serving backend {name!r} declares unknown capabilities {', '.join(map(repr, unknown))}; known: {', '.join(sorted(CAPABILITIES))}",
+            f"serving backend {name!r} declares unknown capabilities {', '.join(map(repr, unknown))}; known: "
+            f"{', '.join(sorted(CAPABILITIES))}",
             param="server.backend",
         )
     return BASELINE | declared
@@ -53,7 +54,8 @@ def unhonoured(params: GenerationParams, honoured: frozenset[str]) -> str | None
 def check_capabilities(
     params: GenerationParams, honoured: frozenset[str], backend_name: str, fields: Mapping[str, str | None]
 ) -> None:
-    """Refuse ``params`` if it sets a field outside ``honoured``: a 400 naming the request field (``fields`` maps where a name differs)."""
+    """Refuse ``params`` if it sets a field outside ``honoured``: a 400 naming the request field
+    (``fields`` maps where a name differs)."""
     name = unhonoured(params, honoured)
     if name is not None:
         field = fields.get(name) or name

@@ -71,7 +71,8 @@ class BackendClient:
         *,
         on_finished: Callable[[Choice], None] | None = None,
     ) -> list[Choice]:
-        """Every item's ``params.n`` choices, item by item in input order. ``on_finished`` hears each choice as it ends."""
+        """Every item's ``params.n`` choices, item by item in input order.
+        ``on_finished`` hears each choice as it ends."""
         params = self._honoured(params or GenerationParams())
 
         inputs = [as_input(item) for item in items]

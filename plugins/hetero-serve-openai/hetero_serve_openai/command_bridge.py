@@ -149,7 +149,8 @@ class CommandBridge:
         return stdout.decode(errors="replace"), None
 
     async def _collect(self, process: asyncio.subprocess.Process) -> tuple[bytes | None, bytes]:
-        """The program's stdout (None once it passes ``max_output_bytes``: the program is killed) and its stderr's tail."""
+        """The program's stdout (None once it passes ``max_output_bytes``:
+        the program is killed) and its stderr's tail."""
 
         async def stdout() -> bytes | None:
             data = bytearray()

@@ -141,7 +141,8 @@ def _stream(service: Service, generation: Generation, chunks: AsyncIterator[str]
 
 
 def event_stream(service: Service, generation: Generation, events: AsyncIterator[str]) -> StreamingResponse:
-    """``events`` as server-sent events of a live generation: however the stream ends, the generation leaves ``service.live``, aborted if unfinished."""
+    """``events`` as server-sent events of a live generation: however the stream ends,
+    the generation leaves ``service.live``, aborted if unfinished."""
 
     def close() -> None:
         service.live.discard(generation)

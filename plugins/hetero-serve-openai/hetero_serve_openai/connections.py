@@ -63,7 +63,8 @@ def log_resource_exhaustion_once() -> Any:
 
 
 def fit_to_file_limit(max_connections: int, backlog: int = DEFAULT_BACKLOG) -> tuple[int, int]:
-    """The connection cap and listen backlog this process's file descriptors can hold, as ``(max_connections, backlog)``.
+    """The connection cap and listen backlog this process's file descriptors can hold,
+    as ``(max_connections, backlog)``.
 
     The soft limit is first raised to the hard one. asyncio accepts up to
     ``backlog`` connections in one burst, before any of them can be closed

@@ -1,4 +1,5 @@
-"""What a request body says about its output's shape: OpenAI's ``response_format``, vLLM's structured outputs, ``logit_bias``.
+"""What a request body says about its output's shape: OpenAI's ``response_format``,
+vLLM's structured outputs, ``logit_bias``.
 
 A request names at most one constraint, through exactly one of:
 
@@ -77,7 +78,8 @@ class StructuredOutputs(BaseModel):
         if len(given) != 1:
             raise APIError(
                 400,
-                f"structured_outputs takes exactly one of json, json_object, regex, choice, grammar; got {given or 'none'}",
+                "structured_outputs takes exactly one of json, json_object, regex, choice, grammar; "
+                f"got {given or 'none'}",
                 param="structured_outputs",
             )
         return constraint_of(given[0], self._value(given[0]))

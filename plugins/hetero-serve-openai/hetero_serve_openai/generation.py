@@ -45,7 +45,8 @@ class Choice:
 
 
 class Generation:
-    """Submits one call's inputs (each with ``params.n`` samples) and yields ``(choice, delta)`` as steps produce them."""
+    """Submits one call's inputs (each with ``params.n`` samples) and yields ``(choice, delta)``
+    as steps produce them."""
 
     def __init__(self, backend: ServingBackend, metrics: ServerMetrics | None, request_id: str) -> None:
         self.backend = backend
@@ -67,7 +68,8 @@ class Generation:
         return self.request_id if len(self.inputs) == 1 else f"{self.request_id}-{number}"
 
     async def start(self, prepare: Prepare) -> None:
-        """Run ``prepare`` and submit what it returns, on a worker thread; a rejection withdraws the rest and re-raises."""
+        """Run ``prepare`` and submit what it returns, on a worker thread;
+        a rejection withdraws the rest and re-raises."""
         submitting = asyncio.ensure_future(asyncio.to_thread(self._submit_all, prepare))
         try:
             await asyncio.shield(submitting)

@@ -118,7 +118,8 @@ def chat_inputs(body: ChatCompletionRequest, backend: ServingBackend, config: En
 def render_chat(
     tokenizer: Tokenizer, messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]
 ) -> str:
-    """The prompt text of a chat, rendered as the body asks (``add_generation_prompt``, ``continue_final_message``, ...)."""
+    """The prompt text of a chat, rendered as the body asks (``add_generation_prompt``,
+    ``continue_final_message``, ...)."""
     rendering.check_rendering()
     return tokenizer.apply_chat_template(
         messages,
@@ -132,7 +133,8 @@ def render_chat(
 def _plain_chat(
     messages: list[dict[str, Any]], rendering: ChatRendering, tools: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """For a backend that renders chats itself: plain messages (tools in the default convention) and no rendering options."""
+    """For a backend that renders chats itself: plain messages
+    (tools in the default convention) and no rendering options."""
     rendering.check_rendering()
     for name in ("continue_final_message", "chat_template_kwargs"):
         if getattr(rendering, name):
@@ -186,7 +188,8 @@ def _check_request_size(
     if num_inputs * params.n > limit:
         raise APIError(
             400,
-            f"{num_inputs} prompts x n={params.n} make {num_inputs * params.n} choices, over server.max_choices_per_request ({limit})",
+            f"{num_inputs} prompts x n={params.n} make {num_inputs * params.n} choices, "
+            f"over server.max_choices_per_request ({limit})",
             param="n",
         )
     tokenizer = backend.tokenizer

@@ -1,4 +1,5 @@
-"""Read each request body whole before the app sees it: 413 past ``server.max_body_bytes``, 408 past ``server.read_timeout``.
+"""Read each request body whole before the app sees it: 413 past ``server.max_body_bytes``,
+408 past ``server.read_timeout``.
 
 A declared Content-Length over the limit is refused at once; a chunked body
 is counted as it arrives. A request that declares both a Content-Length and

@@ -39,7 +39,8 @@ def serve(argv: list[str]) -> int:
 
 
 def batch(argv: list[str]) -> int:
-    """``hetero-infer batch --input-file FILE``: a prompts file through the serving backend (replicas with ``--data-parallel-size``)."""
+    """``hetero-infer batch --input-file FILE``: a prompts file through the serving backend
+    (replicas with ``--data-parallel-size``)."""
     from hetero_serve_openai.batch import batch_command
 
     return batch_command(argv)

@@ -42,7 +42,8 @@ class ResponseSize:
         return CHOICE_BYTES + sum(self.parts.values())
 
     def check(self, limit: int) -> None:
-        """A 400 naming ``server.max_response_bytes`` and the largest part's field when the estimate exceeds ``limit``."""
+        """A 400 naming ``server.max_response_bytes`` and the largest part's field
+        when the estimate exceeds ``limit``."""
         if self.num_bytes <= limit:
             return
         field = max(self.parts, key=self.parts.__getitem__)

@@ -2,8 +2,8 @@
 
 A field the server does not implement is refused with a 400 naming it
 (``suffix``, ``functions``, ...), never ignored: a client must not
-get a 200 that quietly dropped what it asked for. Known fields are strict: ``true`` is not a token id, ``"yes"`` is not a boolean, and
-``1.5`` is not an integer; non-finite numbers and strings holding lone
+get a 200 that quietly dropped what it asked for. Known fields are strict: ``true`` is not a token id,
+``"yes"`` is not a boolean, and ``1.5`` is not an integer; non-finite numbers and strings holding lone
 surrogates (which no response could encode) are refused. Ranges are
 checked by :class:`GenerationParams`, whose errors name the field.
 """

@@ -162,7 +162,8 @@ class ToolCallParser:
 
 
 def parse_tool_calls(text: str, names: frozenset[str], *, incremental: bool) -> tuple[str, list[CallDelta], bool]:
-    """The whole text at once: its content, its calls (each one :class:`CallDelta` with everything), and whether it was cut inside a block."""
+    """The whole text at once: its content, its calls (each one :class:`CallDelta` with everything),
+    and whether it was cut inside a block."""
     parser = ToolCallParser(names, incremental=incremental)
     content, calls = [], []
     for piece in parser.feed(text) + parser.finish():

@@ -151,7 +151,8 @@ class ToolFields(BaseModel):
 def tool_calls_constraint(
     functions: list[FunctionDefinition], *, several: bool, free_text: bool = False
 ) -> StructuredOutput:
-    """Calls of ``functions`` (one, or ``several``; alone, or in ``free_text``), each with its :func:`arguments_schema`."""
+    """Calls of ``functions`` (one, or ``several``; alone, or in ``free_text``),
+    each with its :func:`arguments_schema`."""
     schemas = {function.name: arguments_schema(function) for function in functions}
     return StructuredOutput.tool_calls(schemas, several=several, free_text=free_text)
 

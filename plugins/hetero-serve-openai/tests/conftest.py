@@ -53,7 +53,8 @@ def restore_logging() -> Iterator[None]:
 
 @pytest.fixture(autouse=True, scope="module")
 def without_other_plugins(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Only this plugin's entry point loads, for the whole module (its servers are built once); integration modules see all."""
+    """Only this plugin's entry point loads, for the whole module (its servers are built once);
+    integration modules see all."""
     if request.node.get_closest_marker("integration") is not None:
         yield
         return

@@ -200,7 +200,8 @@ def test_output_beyond_command_max_output_bytes_is_a_502_and_the_program_is_kill
             over = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt}, timeout=30)
             assert over.status_code == 502
             assert over.json()["error"] == {
-                "message": "generation failed: the bridge program wrote more than server.command_max_output_bytes (100000) bytes",
+                "message": "generation failed: the bridge program wrote more than server.command_max_output_bytes "
+                "(100000) bytes",
                 "type": "upstream_error",
                 "param": None,
                 "code": "generation_failed",

@@ -1,4 +1,5 @@
-"""Slow clients and connection floods (on 127.0.0.1 only): bounded time, bounded connections, /healthz keeps answering."""
+"""Slow clients and connection floods (on 127.0.0.1 only): bounded time, bounded connections,
+/healthz keeps answering."""
 
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ def test_the_connection_cap_and_backlog_fit_the_file_descriptor_limit(monkeypatc
 
 
 def test_a_flood_past_the_file_descriptor_limit_is_survived_quietly(tmp_path) -> None:
-    """The served command under a 256-descriptor limit: 600 idle connections, and still /healthz, with a handful of log lines."""
+    """The served command under a 256-descriptor limit: 600 idle connections, and still /healthz,
+    with a handful of log lines."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -1,4 +1,5 @@
-"""Constraints that compile but fail at their first token are 400s at submission naming the field; large valid ones work."""
+"""Constraints that compile but fail at their first token are 400s at submission naming the field;
+large valid ones work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The OpenAI surface: structured output and logit_bias with the official client on the real model, refusals, model cards."""
+"""The OpenAI surface: structured output and logit_bias with the official client on the real model,
+refusals, model cards."""
 
 from __future__ import annotations
 

@@ -174,8 +174,8 @@ def test_a_tool_conversation_renders_into_the_prompt(client, model_server) -> No
     text = httpx.post(f"{model_server.url}/detokenize", json={"tokens": tokens}, timeout=60).json()["prompt"]
     assert text.startswith("<|im_start|>system\nYou can call functions") and '"name": "get_weather"' in text
     assert (
-        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call><|im_end|>'
-        in text
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call><|im_end|>' in text
     )
     assert (
         "<|im_start|>user\n<tool_response>\n18 degrees, light rain\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
@@ -245,7 +245,8 @@ def test_langchain_structured_output_by_json_schema(model_server) -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_auto_answers_in_text_or_in_valid_calls_and_never_leaks_the_tags(client, stream) -> None:
-    """Under ``auto`` the model chooses; whichever it chose, the client gets content or well-formed calls, never the convention's tags."""
+    """Under ``auto`` the model chooses; whichever it chose, the client gets content or well-formed calls,
+    never the convention's tags."""
     messages = [{"role": "system", "content": "Call get_weather to answer questions about the weather."}, *QUESTION]
     request = dict(
         model="smollm2", messages=messages, tools=[WEATHER, TIME], tool_choice="auto", max_tokens=64, temperature=0

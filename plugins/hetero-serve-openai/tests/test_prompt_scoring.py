@@ -17,7 +17,8 @@ def client(model_server) -> openai.OpenAI:
 
 
 def loglikelihood(client, tokenizer, context: str, continuation: str) -> tuple[float, bool]:
-    """What lm-evaluation-harness's local-completions model asks (echo, logprobs 1, max_tokens 1) and how it reads it."""
+    """What lm-evaluation-harness's local-completions model asks (echo, logprobs 1,
+    max_tokens 1) and how it reads it."""
     response = client.completions.create(
         model="smollm2", prompt=context + continuation, echo=True, logprobs=1, max_tokens=1, temperature=0
     )

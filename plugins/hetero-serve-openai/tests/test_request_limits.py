@@ -1,4 +1,5 @@
-"""Request bodies the server refuses with a precise 400 (or 413/408), and the limits that keep one request from harming others."""
+"""Request bodies the server refuses with a precise 400 (or 413/408),
+and the limits that keep one request from harming others."""
 
 from __future__ import annotations
 
@@ -145,7 +146,8 @@ def test_tokenizing_a_large_prompt_does_not_block_the_event_loop() -> None:
 
 
 class NonFiniteLogprobs(MockExecutor):
-    """The mock executor breaking its contract: an alternative's logprob is -inf, and NaN for prompts starting with '!'."""
+    """The mock executor breaking its contract: an alternative's logprob is -inf,
+    and NaN for prompts starting with '!'."""
 
     def execute(self, batch: Any) -> Any:
         output = super().execute(batch)
@@ -192,7 +194,8 @@ def test_a_request_body_that_trickles_in_is_cut_with_408() -> None:
         port = int(server.url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
             connection.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"
+                b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n{"
             )
             started = time.monotonic()
             answer = b""

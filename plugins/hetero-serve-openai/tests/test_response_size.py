@@ -1,4 +1,5 @@
-"""Responses that logprobs would blow up: prompt logprobs sent once per prompt, and a size estimated and refused before any work."""
+"""Responses that logprobs would blow up: prompt logprobs sent once per prompt,
+and a size estimated and refused before any work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SIGTERM lets in-flight requests finish, ends what outlasts the drain timeout with an error, then exits 0; a backend that cannot start exits non-zero."""
+"""SIGTERM lets in-flight requests finish, ends what outlasts the drain timeout with an error, then exits 0;
+a backend that cannot start exits non-zero."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""OpenAI's ``strict: true``: every object of the schema holds only the keys it lists; without it, JSON Schema as written."""
+"""OpenAI's ``strict: true``: every object of the schema holds only the keys it lists; without it,
+JSON Schema as written."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The ``<tool_call>`` parser (whole texts, any split into stream pieces, malformed calls) and the forced-call grammar."""
+"""The ``<tool_call>`` parser (whole texts, any split into stream pieces, malformed calls)
+and the forced-call grammar."""
 
 from __future__ import annotations
 

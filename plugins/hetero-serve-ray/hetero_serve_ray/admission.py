@@ -66,7 +66,8 @@ class Limits:
             )
         if not self.enable_chunked_prefill and num_prompt > self.max_total_tokens:
             raise ValidationError(
-                f"prompt has {num_prompt} tokens, more than max_total_tokens={self.max_total_tokens} and chunked prefill is disabled",
+                f"prompt has {num_prompt} tokens, more than max_total_tokens={self.max_total_tokens} and chunked "
+                "prefill is disabled",
                 param="prompt",
             )
         if params.n > self.max_num_seqs:

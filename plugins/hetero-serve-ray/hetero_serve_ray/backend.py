@@ -159,7 +159,8 @@ class RayBackend:
             log.error("ray backend failed to start", error=self._error)
             return
         finally:
-            restore_signal_handlers()  # ray.init replaced SIGTERM's; this runs on the loop's thread, the main one in `serve`
+            # ray.init replaced SIGTERM's; this runs on the loop's thread, the main one in `serve`
+            restore_signal_handlers()
         for replica in self.replicas:
             self._spawn(self.fleet.watch(replica))
 
@@ -171,7 +172,8 @@ class RayBackend:
         self._tokenizer = ComponentRegistry(pm).create("tokenizer", spec.name, spec.options, self.config)
 
     def stop(self, drain_timeout: float) -> None:
-        """Let requests in flight finish (up to ``drain_timeout`` s), then end the replicas (and a cluster started here)."""
+        """Let requests in flight finish (up to ``drain_timeout`` s), then end the replicas
+        (and a cluster started here)."""
         deadline = time.monotonic() + drain_timeout
         while self._flights and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL)
@@ -324,7 +326,8 @@ class RayBackend:
         flight.queue.put_nowait((flight.tag, delta))
 
     def _finish(self, flight: Flight, reason: FinishReason, error: str | None, failed: Replica | None = None) -> None:
-        """End every open sample of ``flight`` here, in the front end; counted as ``failed``'s (no replica counts it)."""
+        """End every open sample of ``flight`` here, in the front end; counted as ``failed``'s
+        (no replica counts it)."""
         if failed is not None and flight.open_samples:
             failed.count_failure()
         for index in sorted(flight.open_samples):

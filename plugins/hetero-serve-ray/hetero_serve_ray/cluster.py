@@ -28,9 +28,11 @@ AUTH_FAILURE = re.compile(r"AuthenticationError: ([^\n]*?)(?:\.\s|\.?$)", re.MUL
 
 
 def connect(address: str | None) -> bool:
-    """Join the cluster at ``address`` (``host:port``, or ``auto``), or start a private one-machine cluster when it is None. Blocks.
+    """Join the cluster at ``address`` (``host:port``, or ``auto``),
+    or start a private one-machine cluster when it is None. Blocks.
 
-    Returns True when this call initialized Ray in this process (the caller then shuts it down); False when it already was.
+    Returns True when this call initialized Ray in this process (the caller then shuts it down);
+    False when it already was.
     """
     if ray.is_initialized():
         return False
@@ -62,7 +64,8 @@ def connection_failure(address: str, exc: BaseException) -> str:
 
 
 def restore_signal_handlers() -> None:
-    """Make Python's handlers for SIGINT and SIGTERM current again (Ray's replaced them below Python). Main thread only."""
+    """Make Python's handlers for SIGINT and SIGTERM current again (Ray's replaced them below Python).
+    Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in HANDLED_SIGNALS:

@@ -1,4 +1,5 @@
-"""A replica's counters across its restarts and front-end failures, without a cluster; a refused connection explained."""
+"""A replica's counters across its restarts and front-end failures, without a cluster;
+a refused connection explained."""
 
 from __future__ import annotations
 

@@ -227,7 +227,8 @@ def test_failover_after_a_replica_is_killed(ray_cluster: str) -> None:
 
 
 def test_sigterm_drains_both_replicas(ray_cluster: str, tmp_path) -> None:
-    """``hetero-infer serve --data-parallel-size 2`` on the test cluster: SIGTERM lets a stream on each replica finish."""
+    """``hetero-infer serve --data-parallel-size 2`` on the test cluster:
+    SIGTERM lets a stream on each replica finish."""
     import signal
     import subprocess
     import sys

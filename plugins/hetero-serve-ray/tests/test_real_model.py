@@ -1,4 +1,5 @@
-"""Two replicas of the embedded SmolLM2 (one thread each) answer exactly as one engine does, through the openai client."""
+"""Two replicas of the embedded SmolLM2 (one thread each) answer exactly as one engine does,
+through the openai client."""
 
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ def running_per_replica(url: str) -> list[float]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, str, Path]]:
-    """A server with its own private Ray cluster, its log (stdout and stderr) in a file; the last test that uses it ends it."""
+    """A server with its own private Ray cluster, its log (stdout and stderr) in a file;
+    the last test that uses it ends it."""
     tmp_path = tmp_path_factory.mktemp("served")
     config, url = write_config(tmp_path, drain_timeout=DRAIN_TIMEOUT)
     log = tmp_path / "serve.log"

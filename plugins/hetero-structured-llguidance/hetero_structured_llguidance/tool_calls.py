@@ -1,4 +1,5 @@
-"""A ``TOOL_CALLS`` constraint as a Lark grammar in llguidance's dialect (``%json`` rules hold the arguments' schemas)."""
+"""A ``TOOL_CALLS`` constraint as a Lark grammar in llguidance's dialect
+(``%json`` rules hold the arguments' schemas)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ class _ByteVocabulary:
         self.tokens = list(tokenizer.token_bytes())
         if len(self.tokens) != tokenizer.vocab_size:
             raise ConfigError(
-                f"{type(tokenizer).__name__}.token_bytes() lists {len(self.tokens)} tokens, its vocab_size is {tokenizer.vocab_size}",
+                f"{type(tokenizer).__name__}.token_bytes() lists {len(self.tokens)} tokens, "
+                f"its vocab_size is {tokenizer.vocab_size}",
                 param="tokenizer",
             )
         self.eos_token_id = tokenizer.eos_token_id

@@ -1,4 +1,5 @@
-"""The llguidance backend passes the structured-output contract on the embedded model's tokenizer and the byte tokenizer."""
+"""The llguidance backend passes the structured-output contract on the embedded model's tokenizer
+and the byte tokenizer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Constraints that compile but cannot go past their first token are refused at compile time, naming why; large valid ones work."""
+"""Constraints that compile but cannot go past their first token are refused at compile time, naming why;
+large valid ones work."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A step's masks filled together (``fill_bitmasks``): the same rows as one matcher at a time, and a failing matcher fails alone."""
+"""A step's masks filled together (``fill_bitmasks``): the same rows as one matcher at a time,
+and a failing matcher fails alone."""
 
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ RESERVED = frozenset(
 
 
 class GenerationBlock(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}`` marks the assistant's text for training masks; here it renders as is."""
+    """``{% generation %}...{% endgeneration %}`` marks the assistant's text for training masks;
+    here it renders as is."""
 
     tags = {"generation"}
 

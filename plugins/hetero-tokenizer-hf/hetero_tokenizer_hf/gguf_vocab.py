@@ -50,7 +50,8 @@ PRE_TOKENIZER_SPLITS: dict[str, str | None] = {
 
 
 def gpt2_byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character map: printable Latin-1 bytes stand for themselves, the rest shift past 255."""
+    """GPT-2's byte -> printable character map: printable Latin-1 bytes stand for themselves,
+    the rest shift past 255."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     shifted = [byte for byte in range(256) if byte not in printable]
     return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + n) for n, byte in enumerate(shifted)}}

@@ -56,7 +56,8 @@ def token_bytes(tokenizer: Tokenizer) -> list[bytes]:
         spell = _sentencepiece_speller
     else:
         raise ConfigError(
-            f"cannot tell the bytes of this tokenizer's tokens: its decoder ({sorted(decoder_types) or 'none'}) is neither "
+            "cannot tell the bytes of this tokenizer's tokens: its decoder "
+            f"({sorted(decoder_types) or 'none'}) is neither "
             f"ByteLevel nor SentencePiece-style ({sorted(SENTENCEPIECE_DECODERS)})",
             param="tokenizer",
         )

@@ -102,7 +102,8 @@ class HuggingFaceTokenizer:
         )
 
     def save_pretrained(self, directory: str | Path) -> list[Path]:
-        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory`` (created if missing); the paths written.
+        """Write ``tokenizer.json`` and ``tokenizer_config.json`` into ``directory`` (created if missing);
+        the paths written.
 
         ``transformers.AutoTokenizer.from_pretrained(directory)`` then encodes,
         decodes and renders chats as this tokenizer does: the BOS/EOS it adds is
@@ -161,7 +162,8 @@ def load_tokenizer(path: str | Path, *, param: str = "tokenizer") -> HuggingFace
         spec = read_folder_tokenizer(path, path / "tokenizer.json")
     else:
         raise ConfigError(
-            f"no tokenizer at {str(path)!r}: expected a .gguf file, a tokenizer.json, or a folder holding a tokenizer.json",
+            f"no tokenizer at {str(path)!r}: expected a .gguf file, a tokenizer.json, "
+            "or a folder holding a tokenizer.json",
             param=param,
         )
     return HuggingFaceTokenizer(spec)

@@ -94,7 +94,8 @@ NATIVE_TOOLS_TEMPLATE = (
     "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}\n{% endif %}"
     "{% for m in messages %}[{{ m.role }}]{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }}"
     "{{ c.function.arguments | tojson }}{% endfor %}{% else %}{{ m.content }}{% endif %}{% if m.role == 'tool' %}"
-    " for {{ m.tool_call_id }}{% endif %}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}{{ greeting }}"
+    " for {{ m.tool_call_id }}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}{{ greeting }}"
 )
 
 
@@ -120,8 +121,8 @@ def test_a_template_without_tool_support_gets_the_default_convention(embedded) -
         "<|im_start|>system\nYou can call functions (tools)."
     )  # instead of the default system prompt
     assert (
-        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
-        in rendered
+        "<|im_start|>assistant\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>' in rendered
     )
     assert rendered.endswith(
         "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
