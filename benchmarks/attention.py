@@ -111,7 +111,8 @@ def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
 
     for dtype in (torch.float32, torch.bfloat16):
         print(
-            f"CPU, batch {batch}, {dtype} cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads"
+            f"CPU, batch {batch}, {dtype} cache, {torch.get_num_threads()} torch threads,"
+            f" {numba.get_num_threads()} numba threads"
         )
         for context in contexts:
             query, k_cache, v_cache, tables, lengths = problem(batch, context, "cpu", dtype)
@@ -124,9 +125,11 @@ def cpu_benchmark(batch: int, contexts: list[int], repeats: int) -> None:
             float32_scores = ""
             if dtype == torch.bfloat16:
                 other = (unrounded(arrays[0]), *arrays[1:])
-                float32_scores = f"   float32 queries {median_seconds(lambda: cpu.paged_decode_attention(out, *other, SCALE), repeats) * 1e3:7.2f} ms"
+                float32_seconds = median_seconds(lambda: cpu.paged_decode_attention(out, *other, SCALE), repeats)
+                float32_scores = f"   float32 queries {float32_seconds * 1e3:7.2f} ms"
             print(
-                f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms ({size / numba_time / 1e9:5.1f} GB/s){float32_scores}"
+                f"  context {context:5d}: numba {numba_time * 1e3:7.2f} ms"
+                f" ({size / numba_time / 1e9:5.1f} GB/s){float32_scores}"
                 f"   torch gather+SDPA {torch_time * 1e3:7.2f} ms ({size / torch_time / 1e9:5.1f} GB/s)"
                 f"   speed-up {torch_time / numba_time:4.1f}x   max difference {error:.1e}"
             )
@@ -136,7 +139,8 @@ def cpu_prefill_benchmark(chunks: list[int], repeats: int) -> None:
     from hetero_kernels import cpu
 
     print(
-        f"CPU prefill, one causal chunk, bfloat16 cache, {torch.get_num_threads()} torch threads, {numba.get_num_threads()} numba threads"
+        f"CPU prefill, one causal chunk, bfloat16 cache, {torch.get_num_threads()} torch threads,"
+        f" {numba.get_num_threads()} numba threads"
     )
     for length in chunks:
         query, k_cache, v_cache, tables, _ = problem(1, length, "cpu", torch.bfloat16)

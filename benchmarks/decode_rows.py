@@ -56,7 +56,8 @@ def main() -> None:
                     best[name], sum(len(r.generated_tokens) for r in records) / (time.perf_counter() - started)
                 )
         print(
-            f"  {count:3d} sequences: {best['with']:7.1f} / {best['without']:7.1f}  ({best['with'] / best['without']:.2f}x)",
+            f"  {count:3d} sequences: {best['with']:7.1f} / {best['without']:7.1f}"
+            f"  ({best['with'] / best['without']:.2f}x)",
             flush=True,
         )
 

@@ -1,6 +1,7 @@
-"""A flood of idle connections against `hetero-infer serve` (on 127.0.0.1): can clients still get in, and how much does it log?
+"""A flood of idle connections against `hetero-infer serve` (on 127.0.0.1): can clients still get in, and how much
+does it log?
 
-    python benchmarks/flood.py                              # 10,000 connections, server limited to 1,024 file descriptors
+    python benchmarks/flood.py                   # 10,000 connections, server limited to 1,024 file descriptors
     python benchmarks/flood.py --connections 3000 --file-limit 512
 
 Starts the server (simple tokenizer, mock executor) under the given

@@ -34,7 +34,8 @@ def load_transformers(path, dtype: torch.dtype):
 
 
 def timed_generate(model, requests: list[Request]) -> list[float]:
-    """One left-padded greedy ``generate`` over ``requests`` until the longest output; the time of each step's logits."""
+    """One left-padded greedy ``generate`` over ``requests`` until the longest output; the time of each step's
+    logits."""
     import transformers
 
     class Clock(transformers.LogitsProcessor):

@@ -132,8 +132,10 @@ def main() -> None:
     )  # the simple tokenizer's bytes; no control ids
     prompts = shared_prompt_workload(args.groups, args.per_group, args.prefix_tokens, args.suffix_tokens, token_ids)
     print(
-        f"{len(prompts)} requests: {args.groups} system prompts of {args.prefix_tokens} tokens x {args.per_group} requests,"
-        f" +{args.suffix_tokens} own tokens, {args.new_tokens} new tokens each, interleaved; KV pool {args.kv_blocks} blocks"
+        f"{len(prompts)} requests: {args.groups} system prompts of {args.prefix_tokens} tokens"
+        f" x {args.per_group} requests,"
+        f" +{args.suffix_tokens} own tokens, {args.new_tokens} new tokens each, interleaved;"
+        f" KV pool {args.kv_blocks} blocks"
         f" of 16, max_num_seqs {args.max_num_seqs}, executor {args.executor}, {args.threads} threads"
     )
     outputs: dict[str, list] = {}
@@ -142,8 +144,10 @@ def main() -> None:
             r = run(policy, prompts, args)
             outputs.setdefault(policy, r.pop("outputs"))
             print(
-                f"  {policy:8s} prefix hit rate {r['hit_rate']:6.1%}, prompt tokens computed {r['prompt_tokens_computed']:6d},"
-                f" {r['output_tokens_per_s']:7.1f} output tok/s, {r['tokens_per_s']:8.1f} tok/s with prompts, {r['elapsed']:6.1f} s,"
+                f"  {policy:8s} prefix hit rate {r['hit_rate']:6.1%},"
+                f" prompt tokens computed {r['prompt_tokens_computed']:6d},"
+                f" {r['output_tokens_per_s']:7.1f} output tok/s, {r['tokens_per_s']:8.1f} tok/s with prompts,"
+                f" {r['elapsed']:6.1f} s,"
                 f" TTFT mean {r['ttft_mean']:5.2f} s max {r['ttft_max']:5.2f} s, {r['preemptions']} preemptions",
                 flush=True,
             )

@@ -1,6 +1,8 @@
-"""How close each shipped dtype / weight format stays to the float32 model: teacher-forced next-token KL and top-1 agreement.
+"""How close each shipped dtype / weight format stays to the float32 model: teacher-forced next-token KL and top-1
+agreement.
 
-    python benchmarks/quality.py [--new-tokens 200] [--configs bf16-auto,bf16-dense,...] [--paths batch-1,decode-batch,batched] [--no-transformers]
+    python benchmarks/quality.py [--new-tokens 200] [--configs bf16-auto,bf16-dense,...]
+        [--paths batch-1,decode-batch,batched] [--no-transformers]
 
 The float32 engine (dense weights; it matches transformers in float32, see
 the parity tests) answers a fixed set of chat prompts greedily. Each
@@ -167,7 +169,8 @@ def report(name: str, parts: list[tuple[torch.Tensor, torch.Tensor]], seconds: f
     kl = torch.cat([p[0] for p in parts])
     agree = torch.cat([p[1] for p in parts]).float()
     print(
-        f"  {name:28s} KL mean {kl.mean():.5f}  max {kl.max():.4f}  top-1 agreement {agree.mean():.2%} over {len(kl)} positions ({seconds:.0f} s)",
+        f"  {name:28s} KL mean {kl.mean():.5f}  max {kl.max():.4f}  top-1 agreement {agree.mean():.2%}"
+        f" over {len(kl)} positions ({seconds:.0f} s)",
         flush=True,
     )
 
@@ -202,7 +205,8 @@ def main() -> None:
         references = [whole_pass(engine.executor, p + a)[len(p) - 1 : -1] for p, a in samples]
     engine.close()
     print(
-        f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine; against float32:"
+        f"{len(samples)} chats, {sum(len(a) for _, a in samples)} answer tokens from the float32 engine;"
+        " against float32:"
     )
     for name in configs:
         executor = TorchExecutor(config, **CONFIGS[name])

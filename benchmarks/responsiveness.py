@@ -1,6 +1,6 @@
 """Does one heavy request stall everyone else? The worst ``/healthz`` latency while it runs.
 
-    python benchmarks/responsiveness.py              # starts `hetero-infer serve` itself (real tokenizer, mock executor)
+    python benchmarks/responsiveness.py  # starts `hetero-infer serve` itself (real tokenizer, mock executor)
     python benchmarks/responsiveness.py --url http://127.0.0.1:8000
 
 Each case sends one heavy request and, until it is answered, polls
@@ -80,7 +80,8 @@ def measure(url: str, label: str, path: str, body: dict) -> None:
         time.sleep(0.01)
     elapsed = time.monotonic() - started
     print(
-        f"{label:30} status {answered['response'].status_code} in {elapsed:6.2f} s   worst /healthz {worst * 1000:6.0f} ms",
+        f"{label:30} status {answered['response'].status_code} in {elapsed:6.2f} s"
+        f"   worst /healthz {worst * 1000:6.0f} ms",
         flush=True,
     )
 

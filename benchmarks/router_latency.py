@@ -78,7 +78,8 @@ def main() -> None:
                 ray.get(actor.metrics.remote())
                 pings.append(time.perf_counter() - started)
         print(
-            f"median: local_engine {local * 1e3:.2f} ms, ray {replicated * 1e3:.2f} ms, added {(replicated - local) * 1e3:.2f} ms;"
+            f"median: local_engine {local * 1e3:.2f} ms, ray {replicated * 1e3:.2f} ms,"
+            f" added {(replicated - local) * 1e3:.2f} ms;"
             f" plain actor call {statistics.median(pings) * 1e3:.2f} ms"
         )
     ray.shutdown()

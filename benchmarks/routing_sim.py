@@ -45,7 +45,8 @@ class Turn:
 
 
 def make_trace(num_requests: int, num_replicas: int, args: argparse.Namespace) -> list[Turn]:
-    """Chats of 1..8 turns from tenants of very unequal popularity; arrival rate fills the cluster to ``utilization``."""
+    """Chats of 1..8 turns from tenants of very unequal popularity; arrival rate fills the cluster to
+    ``utilization``."""
     rng = random.Random(args.seed)
     num_tenants = max(4, num_replicas * args.tenants_per_replica)
     systems = [[rng.randrange(17, VOCAB) for _ in range(rng.randint(200, 1500))] for _ in range(num_tenants)]
@@ -151,8 +152,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(
-        f"block {BLOCK_SIZE} tokens, cache {args.cache_blocks} blocks/replica, {args.tokens_per_second:.0f} tokens/s/replica,"
-        f" cached token cost {args.cached_cost}, utilization {args.utilization}, {args.requests_per_replica} requests/replica"
+        f"block {BLOCK_SIZE} tokens, cache {args.cache_blocks} blocks/replica,"
+        f" {args.tokens_per_second:.0f} tokens/s/replica,"
+        f" cached token cost {args.cached_cost}, utilization {args.utilization},"
+        f" {args.requests_per_replica} requests/replica"
     )
     print(f"{'replicas':>8} {'policy':>16} {'hit rate':>9} {'imbalance':>10} {'mean wait':>10} {'decision':>10}")
     for num_replicas in args.replicas:

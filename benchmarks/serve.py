@@ -115,7 +115,9 @@ def report(results: list[dict], elapsed: float) -> float:
         ("ITL", [x for r in results for x in r["itl"]]),
     ):
         print(
-            f"{name:15s} mean {statistics.mean(values) * 1e3:8.1f} ms   median {percentile(values, 50) * 1e3:8.1f} ms   p99 {percentile(values, 99) * 1e3:8.1f} ms"
+            f"{name:15s} mean {statistics.mean(values) * 1e3:8.1f} ms"
+            f"   median {percentile(values, 50) * 1e3:8.1f} ms"
+            f"   p99 {percentile(values, 99) * 1e3:8.1f} ms"
         )
     return throughput
 
@@ -211,7 +213,8 @@ def main() -> None:
     served = report(results, elapsed)
     if probes:
         print(
-            f"single-token request latency, one at a time: median {percentile(probes, 50) * 1e3:.1f} ms over {len(probes)}"
+            f"single-token request latency, one at a time: median {percentile(probes, 50) * 1e3:.1f} ms"
+            f" over {len(probes)}"
         )
     if args.compare_offline:
         offline = offline_throughput(args, prompts)

@@ -118,7 +118,8 @@ def main() -> None:
     graphs = ex.graphs.num_graphs if ex.graphs is not None else "off"
     print(f"{ex.device}, {ex.dtype}, attention {ex.attention.name}, decode graphs {graphs}, batch {args.batch}")
     print(
-        f"decode steps {plain_steps}: {plain_seconds / max(1, plain_steps) * 1e3:.3f} ms a step ({args.batch * plain_steps / max(plain_seconds, 1e-9):.0f} tok/s);"
+        f"decode steps {plain_steps}: {plain_seconds / max(1, plain_steps) * 1e3:.3f} ms a step"
+        f" ({args.batch * plain_steps / max(plain_seconds, 1e-9):.0f} tok/s);"
         f" under the profiler {decode_seconds / steps * 1e3:.3f} ms a step"
     )
     regions: dict = {}  # on a GPU each label also names a device-side range (no host time): keep the host's
@@ -134,7 +135,8 @@ def main() -> None:
     if cuda:
         busy = sum(device_time_us(e) for e in events) / 1e3
         print(
-            f"  device busy {busy / (decode_steps + args.batch):.3f} ms a step (kernels' summed time over every step, prefill included)"
+            f"  device busy {busy / (decode_steps + args.batch):.3f} ms a step"
+            " (kernels' summed time over every step, prefill included)"
         )
         print(
             events.table(

@@ -71,7 +71,8 @@ def main() -> int:
     start = time.perf_counter()
     make_backend()
     print(
-        f"backend {args.backend!r}: vocabulary of {tokenizer.vocab_size} tokens read in {(time.perf_counter() - start) * 1e3:.0f} ms"
+        f"backend {args.backend!r}: vocabulary of {tokenizer.vocab_size} tokens"
+        f" read in {(time.perf_counter() - start) * 1e3:.0f} ms"
     )
     walker = Walker(tokenizer)
     bitmask = new_bitmask(1, tokenizer.vocab_size)

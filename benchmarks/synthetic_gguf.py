@@ -1,4 +1,5 @@
-"""Llama-shaped GGUF files of real sizes in K-quant mixes, for start-up, memory and speed on more than the embedded model.
+"""Llama-shaped GGUF files of real sizes in K-quant mixes, for start-up, memory and speed on more than the embedded
+model.
 
     python benchmarks/synthetic_gguf.py OUT_DIR [--sizes 0.5b,3b] [--mixes Q4_K_M,Q6_K]
 

@@ -219,7 +219,8 @@ def run_hetero(
         "weights_mb": weight_bytes(model) / 2**20,
         "bandwidth_gbs": memory_bandwidth_gbs(engine.executor.device),
         "config": (
-            f"{engine.executor.dtype}, weights {engine.executor.weight_format}, attention {engine.executor.attention.name}, "
+            f"{engine.executor.dtype}, weights {engine.executor.weight_format},"
+            f" attention {engine.executor.attention.name}, "
             f"decode graphs {engine.executor.graphs.num_graphs if engine.executor.graphs else 'off'}"
         ),
     }
@@ -270,7 +271,8 @@ def spawn(peer: str, name: str, argv: list[str]) -> dict | None:
 def describe(peer: str, r: dict) -> str:
     ttfts = r["ttfts"]
     line = (
-        f"  {peer:18s} {r['output_tokens'] / r['elapsed']:8.1f} tok/s end-to-end, decode {r['decode_tokens'] / max(1e-9, r['decode_seconds']):7.1f} tok/s, "
+        f"  {peer:18s} {r['output_tokens'] / r['elapsed']:8.1f} tok/s end-to-end,"
+        f" decode {r['decode_tokens'] / max(1e-9, r['decode_seconds']):7.1f} tok/s, "
         f"TTFT mean {sum(ttfts) / len(ttfts) * 1e3:6.0f} ms p50 {percentile(ttfts, 50) * 1e3:6.0f} ms"
     )
     if "ttft_longest" in r:
@@ -282,8 +284,10 @@ def describe(peer: str, r: dict) -> str:
         line += f", schema compile {r['compile_cold_ms']:.1f} ms cold / {r['compile_cached_ms']:.3f} ms cached"
     if "engine_ms_per_step" in r:
         line += (
-            f"\n  {'':18s} [{r['config']}; engine loop {r['engine_ms_per_step']:.2f} ms/step over {r['steps']} steps; load {r['load_seconds']:.1f} s; "
-            f"a batch-1 decode reads {r['weights_mb']:.0f} MiB of weights, memory reads at {r['bandwidth_gbs']:.1f} GB/s]"
+            f"\n  {'':18s} [{r['config']}; engine loop {r['engine_ms_per_step']:.2f} ms/step"
+            f" over {r['steps']} steps; load {r['load_seconds']:.1f} s; "
+            f"a batch-1 decode reads {r['weights_mb']:.0f} MiB of weights,"
+            f" memory reads at {r['bandwidth_gbs']:.1f} GB/s]"
         )
     return line
 

@@ -107,7 +107,10 @@ def _prompt_logprobs_problem(seq: ScheduledSequence, got: Any, vocab_size: int) 
     for position, entry in zip(positions, got, strict=True):
         expected = seq.all_token_ids[position]
         if not isinstance(entry, TokenLogprobs) or entry.token_id != expected:
-            return f"returned a prompt logprob entry {entry!r:.100} at position {position}, not the TokenLogprobs of token {expected}"
+            return (
+                f"returned a prompt logprob entry {entry!r:.100} at position {position},"
+                f" not the TokenLogprobs of token {expected}"
+            )
         if not _is_logprob(entry.logprob):
             return f"returned prompt logprob {entry.logprob!r} at position {position}, not a finite number <= 0"
         if isinstance(entry.rank, bool) or not isinstance(entry.rank, int) or not 1 <= entry.rank <= vocab_size:
@@ -131,5 +134,8 @@ def block_table_problem(seq: ScheduledSequence, block_size: int, num_blocks: int
     for index in range(seq.start_position // block_size, (end - 1) // block_size + 1):
         block = table[index]
         if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < num_blocks:
-            return f"cache allocator plugin {plugin!r} gave sequence {seq.seq_id} block {block!r}, outside [0, {num_blocks})"
+            return (
+                f"cache allocator plugin {plugin!r} gave sequence {seq.seq_id} block {block!r},"
+                f" outside [0, {num_blocks})"
+            )
     return None

@@ -116,7 +116,8 @@ def describe_options(registration: Registration) -> dict[str, dict[str, Any]]:
 
 
 def _default(default: Any) -> Any:
-    """A field's default as JSON shows it: a factory's product (``{}`` for ``factory=dict``), None when there is none."""
+    """A field's default as JSON shows it: a factory's product (``{}`` for ``factory=dict``), None when there is
+    none."""
     if isinstance(default, attrs.Factory):
         return None if default.takes_self else default.factory()
     return None if default is attrs.NOTHING else default
@@ -164,7 +165,8 @@ class ComponentRegistry:
             existing = self._registrations[point].get(name)
             if existing is not None:
                 raise ConfigError(
-                    f"{point} name {name!r} is registered twice: by plugin {existing.plugin!r} and by plugin {plugin!r};"
+                    f"{point} name {name!r} is registered twice: by plugin {existing.plugin!r}"
+                    f" and by plugin {plugin!r};"
                     f" disable one of them (HETERO_DISABLE_PLUGINS or plugins.disable)"
                 )
             self._registrations[point][name] = Registration(point, name, factory, plugin, options)
@@ -190,7 +192,10 @@ class ComponentRegistry:
         """A hint when a disabled or broken plugin may be the one that provides ``name``."""
         for plugin, load in getattr(self._pm, "disabled", {}).items():
             if name in _names_registered_by(load, point):
-                return f"; {point} {name!r} is provided by plugin {plugin!r}, which is disabled (HETERO_DISABLE_PLUGINS or plugins.disable)"
+                return (
+                    f"; {point} {name!r} is provided by plugin {plugin!r}, which is disabled"
+                    " (HETERO_DISABLE_PLUGINS or plugins.disable)"
+                )
         broken = getattr(self._pm, "broken", {})
         if broken:
             return "; broken plugins, which may provide it: " + "; ".join(

@@ -151,7 +151,8 @@ class InferenceEngine:
             )
 
     def _eos_token_ids(self) -> frozenset[int]:
-        """The ids that end generation: the model's (``ConfigError`` if outside its vocabulary), else the tokenizer's EOS."""
+        """The ids that end generation: the model's (``ConfigError`` if outside its vocabulary), else the
+        tokenizer's EOS."""
         ids = self.model_info.eos_token_ids
         if not ids:
             return frozenset(() if self.tokenizer.eos_token_id is None else (self.tokenizer.eos_token_id,))

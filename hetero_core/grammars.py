@@ -52,7 +52,8 @@ class Grammars:
         self.plugin = ""  # the grammar engine's plugin, once built
 
     def backend(self) -> StructuredOutputBackend:
-        """The grammar engine ``config.structured_output`` names, built on first use (``ConfigError`` if not installed)."""
+        """The grammar engine ``config.structured_output`` names, built on first use (``ConfigError`` if not
+        installed)."""
         with self._lock:
             if self._backend is None:
                 spec = self._config.structured_output
@@ -69,7 +70,8 @@ class Grammars:
         if constraint.kind is ConstraintKind.GRAMMAR and constraint.value.dialect not in backend.grammar_dialects:
             reads = ", ".join(map(repr, backend.grammar_dialects)) or "none"
             raise ValidationError(
-                f"structured_output: the structured-output backend {self._config.structured_output.name!r} does not read"
+                "structured_output: the structured-output backend"
+                f" {self._config.structured_output.name!r} does not read"
                 f" grammars in the {constraint.value.dialect!r} dialect (it reads: {reads})",
                 param="structured_output",
             )
@@ -121,7 +123,8 @@ class Grammars:
     def _fill_together(
         self, backend: BatchMaskFiller, matchers: list[Any], bitmask: np.ndarray, rows: list[int]
     ) -> list[str | None] | None:
-        """``fill_bitmasks`` into the rows ``rows`` of ``bitmask``: per matcher None or its problem; None if the call failed."""
+        """``fill_bitmasks`` into the rows ``rows`` of ``bitmask``: per matcher None or its problem; None if the call
+        failed."""
         target = bitmask if len(rows) == len(bitmask) else np.ascontiguousarray(bitmask[rows])
         try:
             problems = backend.fill_bitmasks(matchers, target)

@@ -39,7 +39,8 @@ class Inbox:
         grammar: Any,
         num_waiting: int,
     ) -> str:
-        """Queue a checked request; its id (made up when None). ``num_waiting``: how many the scheduler already holds."""
+        """Queue a checked request; its id (made up when None). ``num_waiting``: how many the scheduler already
+        holds."""
         with self._lock:
             request_id = request_id or uuid.uuid4().hex
             if request_id in self._requests:

@@ -29,7 +29,8 @@ def _to_log_record(_logger: Any, _method: str, event_dict: dict[str, Any]) -> di
 
 
 def get_logger(name: str) -> Any:
-    """The logger for library module ``name`` (a child of ``hetero_infer``): nothing shows until logging is configured."""
+    """The logger for library module ``name`` (a child of ``hetero_infer``): nothing shows until logging is
+    configured."""
     return structlog.wrap_logger(
         logging.getLogger(f"{LIBRARY_LOGGER}.{name}"),
         wrapper_class=structlog.stdlib.BoundLogger,

@@ -17,7 +17,8 @@ from hetero_core.errors import ValidationError
 
 
 def check_messages(messages: Sequence[Mapping[str, Any]]) -> None:
-    """A non-empty list of objects, each with a string ``role`` and a string ``content`` (or assistant ``tool_calls``)."""
+    """A non-empty list of objects, each with a string ``role`` and a string ``content`` (or assistant
+    ``tool_calls``)."""
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise ValidationError("messages must be a non-empty list", param="messages")
     for number, message in enumerate(messages):

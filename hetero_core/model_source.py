@@ -68,7 +68,8 @@ def one_parse_per_file() -> Iterator[None]:
 
 
 def parse(reader: Callable[[Path], T], path: Path) -> T:
-    """``reader(path)``; inside :func:`one_parse_per_file`, the same object for every caller asking with the same reader."""
+    """``reader(path)``; inside :func:`one_parse_per_file`, the same object for every caller asking with the same
+    reader."""
     results = getattr(_parsed, "results", None)
     if results is None:
         return reader(path)

@@ -40,7 +40,8 @@ class ServingBackend(Protocol):
     from the event loop.
     """
 
-    #: the HTTP status of a request whose generation failed (500: the server's fault, 502: a program's, 503: a replica's)
+    #: the HTTP status of a request whose generation failed (500: the server's fault, 502: a program's,
+    #: 503: a replica's)
     error_status: int
 
     @property
@@ -53,11 +54,13 @@ class ServingBackend(Protocol):
 
     @property
     def tokenizer(self) -> Tokenizer | None:
-        """The model's tokenizer, for ``/tokenize``, chat templates, echo, stop ids and logprobs; None if the backend has none."""
+        """The model's tokenizer, for ``/tokenize``, chat templates, echo, stop ids and logprobs; None if the backend
+        has none."""
 
     @property
     def max_model_len(self) -> int | None:
-        """Prompt plus output tokens one request may hold (model cards, ``/tokenize``, chat's default ``max_tokens``); None when unknown."""
+        """Prompt plus output tokens one request may hold (model cards, ``/tokenize``, chat's default ``max_tokens``);
+        None when unknown."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Begin loading, without blocking ``loop``; deltas will be delivered on ``loop``."""
@@ -84,7 +87,8 @@ class ServingBackend(Protocol):
         """
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request; its open samples end with ``FinishReason.ABORT``. Unknown or finished ids are ignored. Thread-safe."""
+        """Cancel a request; its open samples end with ``FinishReason.ABORT``. Unknown or finished ids are ignored.
+        Thread-safe."""
 
     def engine_metrics(self) -> Mapping[str, EngineMetrics]:
         """The engines' counters by replica name; a single engine under ``SINGLE_ENGINE``; empty when there is none."""

@@ -67,7 +67,8 @@ class StepLayout:
         return [s for s in self.sequences if s.do_sample]
 
     def block_tables(self, start: int, stop: int, *, pad: int = 0, width: int | None = None) -> np.ndarray:
-        """Block tables [stop - start, width] (int32) of sequences ``start:stop``, each cut to its context, padded with ``pad``."""
+        """Block tables [stop - start, width] (int32) of sequences ``start:stop``, each cut to its context, padded
+        with ``pad``."""
         needed = -(-self.context_lens[start:stop] // self.block_size)
         width = max(int(needed.max(initial=1)), 1) if width is None else width
         tables = np.full((stop - start, width), pad, dtype=np.int32)

@@ -243,7 +243,8 @@ class GrammarMatcher(Protocol):
         ...
 
     def rollback(self, num_tokens: int) -> None:
-        """Forget the last ``num_tokens`` accepted tokens, an accepted end-of-sequence included (preemption by recompute, speculative rejections)."""
+        """Forget the last ``num_tokens`` accepted tokens, an accepted end-of-sequence included (preemption by
+        recompute, speculative rejections)."""
         ...
 
     @property

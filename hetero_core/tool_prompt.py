@@ -57,7 +57,8 @@ def tools_block(tools: Sequence[Mapping[str, Any]]) -> str:
 def inline_tools(
     messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
 ) -> list[dict[str, Any]]:
-    """``messages`` (and ``tools``, if any) as plain ``role``/``content`` messages (with any ``name``) in the default convention."""
+    """``messages`` (and ``tools``, if any) as plain ``role``/``content`` messages (with any ``name``) in the default
+    convention."""
     plain: list[dict[str, Any]] = []
     for message in messages:
         role, content = message["role"], message.get("content")

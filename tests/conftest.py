@@ -103,7 +103,8 @@ def mock_config(**overrides: Any) -> EngineConfig:
 
 
 def engine_maker(config_for: Callable[..., EngineConfig]) -> Iterator[Callable[..., InferenceEngine]]:
-    """A fixture's body: ``make(**overrides)`` builds an engine on ``config_for(**overrides)``; each is closed after the test."""
+    """A fixture's body: ``make(**overrides)`` builds an engine on ``config_for(**overrides)``; each is closed after
+    the test."""
     engines: list[InferenceEngine] = []
 
     def make(**overrides: Any) -> InferenceEngine:

@@ -31,7 +31,8 @@ def test_an_unknown_command_lists_the_installed_ones(with_greeter, capsys) -> No
     assert main(["frobnicate"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert error == [
-        "hetero-infer: error: unknown command 'frobnicate'; installed: 'greet' (the core's commands: generate, plugins, bench, export-tokenizer)"
+        "hetero-infer: error: unknown command 'frobnicate'; installed: 'greet'"
+        " (the core's commands: generate, plugins, bench, export-tokenizer)"
     ]
 
 

@@ -134,8 +134,8 @@ def test_generate_leaves_nothing_queued_when_a_prompt_is_rejected(make_engine) -
 LIBRARY_USE = """
 from hetero_core import EngineConfig, GenerationParams, InferenceEngine
 config = EngineConfig.from_mapping({
-    "tokenizer": "simple", "executor": "mock", "scheduler": "reference", "cache_allocator": "reference", "block_size": 4,
-    "max_num_blocks": 64, "plugins": {"load": ["hetero_core.testing.reference"]},
+    "tokenizer": "simple", "executor": "mock", "scheduler": "reference", "cache_allocator": "reference",
+    "block_size": 4, "max_num_blocks": 64, "plugins": {"load": ["hetero_core.testing.reference"]},
 })
 engine = InferenceEngine(config)
 engine.generate(["quiet please"] * 3, GenerationParams(temperature=0.0, max_tokens=4))

@@ -1,4 +1,5 @@
-"""Finding the model: the embedded SmolLM2 by default, a clear way out when it is missing; each file parsed once per start."""
+"""Finding the model: the embedded SmolLM2 by default, a clear way out when it is missing; each file parsed once per
+start."""
 
 from __future__ import annotations
 

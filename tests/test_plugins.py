@@ -156,7 +156,8 @@ def test_modules_named_in_config_load(tmp_path, monkeypatch) -> None:
 def installed_distribution(tmp_path, monkeypatch):
     """A real (if tiny) installed distribution with a hetero_infer entry point, on sys.path."""
     (tmp_path / "fake_policy_plugin.py").write_text(
-        "from hetero_core.hookspecs import hookimpl\n\n@hookimpl\ndef register_scheduler_policies(register):\n    register('fake', lambda: 'fake')\n"
+        "from hetero_core.hookspecs import hookimpl\n\n@hookimpl\n"
+        "def register_scheduler_policies(register):\n    register('fake', lambda: 'fake')\n"
     )
     info = tmp_path / "fake_policy-1.2.3.dist-info"
     info.mkdir()

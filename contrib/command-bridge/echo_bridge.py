@@ -3,7 +3,8 @@
 
 Run the server with it:
 
-    hetero-infer serve --config bridge.json   # "server": {"backend": "command_bridge", "command": ["python3", "echo_bridge.py"]}
+    # "server": {"backend": "command_bridge", "command": ["python3", "echo_bridge.py"]}
+    hetero-infer serve --config bridge.json
 
 A real bridge would call another inference program here. This one echoes, and
 for testing fails on the prompt FAIL (exit status 3), hangs on SLEEP and lists

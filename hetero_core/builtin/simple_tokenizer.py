@@ -110,7 +110,8 @@ class SimpleTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
-        """``role: content`` lines; tools in the default convention; ``template_kwargs`` have no variable to fill here."""
+        """``role: content`` lines; tools in the default convention; ``template_kwargs`` have no variable to fill
+        here."""
         check_messages(messages)
         plain = inline_tools(messages, tools)
         text = "".join(f"{message['role']}: {message['content']}\n" for message in plain)

@@ -41,7 +41,8 @@ def run_command(name: str, argv: list[str]) -> int:
         distribution = COMMAND_PLUGINS.get(name)
         if distribution is not None and not _is_installed(distribution):
             raise ConfigError(
-                f"the {name} command needs the plugin {distribution}, which is not installed: pip install {distribution}",
+                f"the {name} command needs the plugin {distribution}, which is not installed:"
+                f" pip install {distribution}",
                 param="command",
             ) from exc
         raise ConfigError(f"{exc.message} (the core's commands: {', '.join(CORE_COMMANDS)})", param="command") from exc

@@ -21,7 +21,9 @@ from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hetero-infer export-tokenizer",
-        description="Write the model's tokenizer.json and tokenizer_config.json (special tokens, chat template) into DIR.",
+        description=(
+            "Write the model's tokenizer.json and tokenizer_config.json (special tokens, chat template) into DIR."
+        ),
     )
     parser.add_argument(
         "directory", type=Path, metavar="DIR", help="where the files go (created if missing; files there are replaced)"

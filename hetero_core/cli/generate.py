@@ -20,7 +20,8 @@ from hetero_core.errors import CacheMemoryError, ValidationError
 from hetero_core.params import GenerationParams
 
 PROMPT_KEYS = ("prompt", "messages")
-# what a prompt file's line may set, by the API's names; not what its output line has no place for (logprobs, more samples)
+# what a prompt file's line may set, by the API's names; not what its output line has no place for (logprobs,
+# more samples)
 LINE_PARAMS = tuple(
     name
     for name in attrs.fields_dict(GenerationParams)
@@ -106,7 +107,8 @@ def chat(
 
 
 def read_prompts(path: Path, params: GenerationParams) -> list[tuple[dict[str, Any], GenerationParams]]:
-    """Each line's prompt (``{"prompt": ...}`` or ``{"messages": ...}``) and parameters, ``params`` where the line sets none.
+    """Each line's prompt (``{"prompt": ...}`` or ``{"messages": ...}``) and parameters, ``params`` where the line
+    sets none.
 
     A line is a JSON object with "prompt" or "messages" and any of :data:`LINE_PARAMS`,
     or else the line's text. An unknown key or a bad value is a ``ValidationError``
@@ -151,7 +153,8 @@ def _line_params(given: dict[str, Any], params: GenerationParams, where: str) ->
 
 
 def batch(engine: InferenceEngine, input_file: Path, output_file: Path | None, params: GenerationParams) -> int:
-    """Run every prompt (with its line's parameters over ``params``) through continuous batching, one JSON line per result in input order.
+    """Run every prompt (with its line's parameters over ``params``) through continuous batching, one JSON line per
+    result in input order.
 
     A failed prompt's line has its ``error``; the status is 1 when any failed.
     """

@@ -1,4 +1,5 @@
-"""``hetero-infer``: generate, chat, run a batch, list plugins, benchmark, export the tokenizer; plugins add commands (serve)."""
+"""``hetero-infer``: generate, chat, run a batch, list plugins, benchmark, export the tokenizer; plugins add
+commands (serve)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--input-file",
         type=Path,
-        help="prompts: text lines, or JSONL with 'prompt' or 'messages' and any parameters of their own (max_tokens, ...)",
+        help="prompts: text lines, or JSONL with 'prompt' or 'messages' and any parameters of their own"
+        " (max_tokens, ...)",
     )
     parser.add_argument("--output-file", type=Path, help="where --input-file results go (JSONL; default stdout)")
     parser.add_argument(

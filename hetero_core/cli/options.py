@@ -54,8 +54,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="COMPONENT.KEY=VALUE",
-        help="a component option, e.g. executor.dtype=float32 or cache_allocator.enable_prefix_caching=false, or a server key,"
-        " e.g. server.backend=command_bridge or server.backend_options.address=HOST:PORT (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
+        help="a component option, e.g. executor.dtype=float32 or cache_allocator.enable_prefix_caching=false,"
+        " or a server key,"
+        " e.g. server.backend=command_bridge or server.backend_options.address=HOST:PORT"
+        " (VALUE is read as JSON, else as a string; repeatable; 'hetero-infer plugins' lists the options)",
     )
     group.add_argument("--seed", type=int, help="seed for unseeded sampling")
     for flag, kind in (
@@ -127,14 +129,16 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def component_options(assignments: list[str]) -> dict[str, dict[str, Any]]:
-    """``COMPONENT.KEY=VALUE`` and ``SECTION.KEY=VALUE`` flags, grouped by component or section; VALUE is JSON when it parses, else the text."""
+    """``COMPONENT.KEY=VALUE`` and ``SECTION.KEY=VALUE`` flags, grouped by component or section; VALUE is JSON when
+    it parses, else the text."""
     grouped: dict[str, dict[str, Any]] = {}
     for assignment in assignments:
         target, equals, text = assignment.partition("=")
         component, dot, key = target.partition(".")
         if not equals or not dot or not key or component not in COMPONENT_FLAGS + SECTIONS:
             raise ConfigError(
-                f"--option takes COMPONENT.KEY=VALUE with COMPONENT one of {', '.join(COMPONENT_FLAGS + SECTIONS)}, got {assignment!r}",
+                f"--option takes COMPONENT.KEY=VALUE with COMPONENT one of {', '.join(COMPONENT_FLAGS + SECTIONS)},"
+                f" got {assignment!r}",
                 param="option",
             )
         try:

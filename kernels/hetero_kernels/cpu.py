@@ -110,7 +110,8 @@ def _prefetch(typingctx, array, byte_offset):
 
 @njit(inline="always", **_OPTIONS)
 def _prefetch_position(cache, row, first, size):
-    """Prefetch ``size`` elements from element ``first`` of ``row`` of a cache viewed as ``[positions, kv_heads * head_size]``."""
+    """Prefetch ``size`` elements from element ``first`` of ``row`` of a cache viewed as
+    ``[positions, kv_heads * head_size]``."""
     start = row * cache.strides[0] + first * cache.strides[1]
     stop = start + size * cache.strides[1]
     for byte in range(start, stop, CACHE_LINE):

@@ -80,7 +80,8 @@ def pack8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) ->
         raise ValueError(f"input size {size} is not a multiple of {PAIR}")
     if scale.shape[1] not in (size // GROUP_SIZE, size // FINE_GROUP_SIZE):
         raise ValueError(
-            f"{scale.shape[1]} factors per row of {size} inputs: groups must be {GROUP_SIZE} or {FINE_GROUP_SIZE} inputs"
+            f"{scale.shape[1]} factors per row of {size} inputs:"
+            f" groups must be {GROUP_SIZE} or {FINE_GROUP_SIZE} inputs"
         )
     scale = np.asarray(scale, np.float32)
     minimum = np.float32(-128.0) * scale

@@ -75,7 +75,8 @@ def pack(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndar
     outputs, size = q.shape
     if outputs % OUTPUTS or size % GROUP_SIZE:
         raise ValueError(
-            f"weights {outputs}x{size}: the outputs must be a multiple of {OUTPUTS}, the inputs a multiple of {GROUP_SIZE}"
+            f"weights {outputs}x{size}: the outputs must be a multiple of {OUTPUTS},"
+            f" the inputs a multiple of {GROUP_SIZE}"
         )
     packed = np.zeros((outputs // OUTPUTS, size // GROUP_SIZE, PACKED_BYTES), np.uint8)
     _pack_nibbles(np.asarray(q, np.uint8), _LAYOUT, packed)
@@ -195,7 +196,8 @@ def _make_tile(rows: int):
                 isinstance(array, types.Array) and array.layout == "C" and array.ndim == ndim and array.dtype in dtypes
             ):
                 raise TypingError(
-                    f"cpu_int4_tiles.matmul: {name} must be a contiguous {ndim}-D array of {' or '.join(map(str, dtypes))}, got {array}"
+                    f"cpu_int4_tiles.matmul: {name} must be a contiguous {ndim}-D array"
+                    f" of {' or '.join(map(str, dtypes))}, got {array}"
                 )
         return types.void(packed, factors, x, sums, out, types.int64, types.int64), codegen
 

@@ -1,4 +1,5 @@
-"""Attention scores of bfloat16 queries against a bfloat16 cache, sixteen positions at a time, with AVX-512 BF16 dot products.
+"""Attention scores of bfloat16 queries against a bfloat16 cache, sixteen positions at a time, with AVX-512 BF16 dot
+products.
 
 In a bfloat16 model the queries reach attention already rounded to
 bfloat16 (RoPE rounds them as torch does), so their products with the

@@ -122,7 +122,8 @@ def configure(
         raise ValueError(f"row_lanes must divide the tile ({tile} threads), got {row_lanes}")
     if not 1 <= min_tokens_per_split <= tokens_per_split:
         raise ValueError(
-            f"min_tokens_per_split must be between 1 and tokens_per_split ({tokens_per_split}), got {min_tokens_per_split}"
+            f"min_tokens_per_split must be between 1 and tokens_per_split ({tokens_per_split}),"
+            f" got {min_tokens_per_split}"
         )
     shared = _prefill_shared_bytes(tile, tokens_per_split, row_lanes, max_group, max_head_size)
     if shared > MAX_SHARED_BYTES:

@@ -22,7 +22,8 @@ def widen(element):
 
 
 def narrow(array, value):
-    """``value`` (float32) as an element of ``array``: bfloat16 bits rounded to nearest even for a 16-bit integer array."""
+    """``value`` (float32) as an element of ``array``: bfloat16 bits rounded to nearest even for a 16-bit integer
+    array."""
     if array.dtype in (np.uint16, np.int16):
         bits = np.array([value], dtype=np.float32).view(np.uint32)
         rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & 1)) >> 16

@@ -52,7 +52,8 @@ class LaunchContext:
             device, current = self._torch_like.device, torch.cuda.current_device()
             if device.index != current:
                 raise ValueError(
-                    f"the tensors are on {device} but the current CUDA device is cuda:{current}; launch under torch.cuda.device({device})"
+                    f"the tensors are on {device} but the current CUDA device is cuda:{current};"
+                    f" launch under torch.cuda.device({device})"
                 )
             self.stream = cuda.external_stream(torch.cuda.current_stream(device).cuda_stream)
         else:

@@ -1,4 +1,5 @@
-"""What the kernels built from LLVM IR share: whether the host CPU has an instruction set, and LLVM's names for its intrinsics.
+"""What the kernels built from LLVM IR share: whether the host CPU has an instruction set, and LLVM's names for its
+intrinsics.
 
 Numba compiles for the host CPU unless told otherwise (``NUMBA_CPU_NAME``,
 ``NUMBA_CPU_FEATURES``); a kernel that calls an x86 intrinsic directly

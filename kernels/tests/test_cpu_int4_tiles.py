@@ -12,7 +12,8 @@ from hetero_kernels.dtypes import bfloat16_bits, widen
 
 pytestmark = pytest.mark.skipif(
     not tiles.SUPPORTED,
-    reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths",
+    reason="this CPU has no AVX-512 BF16, Numba does not compile for it,"
+    " or HETERO_KERNELS_PORTABLE forces the portable paths",
 )
 GROUP, OUTPUTS = tiles.GROUP_SIZE, tiles.OUTPUTS
 

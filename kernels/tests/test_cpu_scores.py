@@ -1,4 +1,5 @@
-"""The bfloat16 dot-product attention scores against numpy in float64: products of bfloat16 numbers are exact, so only float32 sums round."""
+"""The bfloat16 dot-product attention scores against numpy in float64: products of bfloat16 numbers are exact, so
+only float32 sums round."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from hetero_kernels.dtypes import bfloat16_bits, widen
 
 pytestmark = pytest.mark.skipif(
     not cpu_scores.SUPPORTED,
-    reason="this CPU has no AVX-512 BF16, Numba does not compile for it, or HETERO_KERNELS_PORTABLE forces the portable paths",
+    reason="this CPU has no AVX-512 BF16, Numba does not compile for it,"
+    " or HETERO_KERNELS_PORTABLE forces the portable paths",
 )
 POSITIONS = cpu_scores.POSITIONS
 

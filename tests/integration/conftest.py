@@ -20,7 +20,8 @@ from hetero_core.plugins import ENTRY_POINT_GROUP
 
 from ..conftest import engine_maker
 
-# The core installed alone (``make test-core``) has no plugin to integrate, and these modules import them: not collected.
+# The core installed alone (``make test-core``) has no plugin to integrate, and these modules import them: not
+# collected.
 collect_ignore_glob = [] if importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) else ["*"]
 
 

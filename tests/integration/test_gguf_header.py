@@ -1,4 +1,5 @@
-"""The GGUF header reader gives what the ``gguf`` package's reader gives, on the embedded file and on files written here."""
+"""The GGUF header reader gives what the ``gguf`` package's reader gives, on the embedded file and on files written
+here."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ from hetero_sjf_scheduler.policy import ShortestPromptFirst
 
 @attrs.frozen
 class SjfOptions:
-    """The options of ``sjf`` (config: ``"scheduler": {"name": "sjf", "aging": 4}``), checked before the policy is built."""
+    """The options of ``sjf`` (config: ``"scheduler": {"name": "sjf", "aging": 4}``), checked before the policy is
+    built."""
 
     aging: int = attrs.field(default=8, validator=number_in(1, 10**6, integer=True, error=ConfigError))
 
