@@ -17,9 +17,10 @@ kept on disk and read back on later starts.
       | structure (pickle: the objects, their arrays as references into the table) | padding | arrays...
 
   The structure is unpickled with only this package's and the kernels'
-  classes, torch dtypes and numpy scalars allowed. Reading checks every length
-  and a checksum (xxh3-128) over the structure and the arrays; an entry that
-  fails is deleted and rebuilt.
+  classes, torch dtypes and numpy scalars allowed. An entry is read by mapping
+  it copy-on-write: its arrays are views of the page cache's pages, never
+  copied. Reading checks every length and a checksum (xxh3-128) over the
+  structure and the arrays; an entry that fails is deleted and rebuilt.
 - **Concurrent starts.** Entries are written to a temporary file and renamed
   into place: two starts building one entry at once both succeed, and a reader
   never sees a partial entry.
@@ -33,6 +34,7 @@ import functools
 import importlib.metadata
 import io
 import json
+import mmap
 import os
 import pickle
 import sys
@@ -135,8 +137,9 @@ class WeightCache:
         """The objects stored under ``key``, or None where there is no entry; a corrupt entry is deleted."""
         path = self.path(key)
         try:
-            with open(path, "rb") as file:
-                objects = read_entry(file, os.fstat(file.fileno()).st_size)
+            with open(path, "rb") as file:  # mapped copy-on-write: pages come from the page cache, never copied
+                mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+            objects = read_entry(mapped)
         except FileNotFoundError:
             return None
         except Exception as exc:  # whatever the bytes say, a bad entry is rebuilt, never trusted
@@ -322,30 +325,30 @@ def _typed(raw: np.ndarray, record: dict[str, Any]) -> np.ndarray:
     return raw.view(dtype).reshape(record["shape"])
 
 
-def read_entry(file: Any, size: int) -> Any:
-    """The objects of the entry in ``file`` (``size`` bytes long); :class:`CorruptEntry` where it does not check out."""
-    if file.read(len(MAGIC)) != MAGIC:
+def read_entry(buffer: Any) -> Any:
+    """The objects of the entry in ``buffer`` (bytes-like, its arrays' views into it); :class:`CorruptEntry` where
+    it does not check out."""
+    data = memoryview(buffer).cast("B")
+    if bytes(data[: len(MAGIC)]) != MAGIC:
         raise CorruptEntry("not a weight cache entry (or another version's)")
-    table_length = int.from_bytes(file.read(8), "little")
-    if table_length > size:
+    table_length = int.from_bytes(data[len(MAGIC) : len(MAGIC) + 8], "little")
+    if table_length > len(data):
         raise CorruptEntry("table longer than the file")
-    table = json.loads(file.read(table_length))
-    structure = file.read(table["structure"])
-    head = len(MAGIC) + 8 + table_length + table["structure"]
-    if head + _padding(head) + table["data"] != size:
-        raise CorruptEntry(f"{size} bytes where the table says {head + _padding(head) + table['data']}")
+    start = len(MAGIC) + 8
+    table = json.loads(bytes(data[start : start + table_length]))
+    structure = bytes(data[start + table_length : start + table_length + table["structure"]])
+    head = start + table_length + table["structure"]
+    first = head + _padding(head)
+    if first + table["data"] != len(data):
+        raise CorruptEntry(f"{len(data)} bytes where the table says {first + table['data']}")
     checksum = xxhash.xxh3_128(structure)
-    file.seek(head + _padding(head))
     arrays, position = [], 0
     for record in table["arrays"]:
         if record["offset"] < position or record["offset"] + record["nbytes"] > table["data"]:
             raise CorruptEntry("array outside the data")
-        file.seek(record["offset"] - position, os.SEEK_CUR)
-        array = np.empty(record["nbytes"], np.uint8)
-        if file.readinto(memoryview(array)) != record["nbytes"]:
-            raise CorruptEntry("array cut short")
-        checksum.update(memoryview(array))
-        arrays.append(_typed(array, record))
+        raw = np.frombuffer(buffer, np.uint8, record["nbytes"], first + record["offset"])
+        checksum.update(raw)
+        arrays.append(_typed(raw, record))
         position = record["offset"] + record["nbytes"]
     if checksum.hexdigest() != table["checksum"]:
         raise CorruptEntry("checksum mismatch")

@@ -92,8 +92,7 @@ def test_an_entry_round_trips_arrays_tensors_and_shared_references() -> None:
     buffer = io.BytesIO()
     size = write_entry(buffer, sample_objects())
     assert size == len(buffer.getvalue())
-    buffer.seek(0)
-    back = read_entry(buffer, size)
+    back = read_entry(bytearray(buffer.getvalue()))
     assert torch.equal(back["table"], sample_objects()["table"]) and back["table"].dtype == torch.bfloat16
     assert back["one"] is back["again"]  # stored once, shared again
     np.testing.assert_array_equal(back["ints"], [[1, -2]])
@@ -124,8 +123,7 @@ def test_a_corrupt_entry_is_deleted_and_rebuilt(tiny_q4, tmp_path, damage: str) 
     entry.write_bytes(bytes(data))
     assert greedy(cached_engine(tiny_q4, tmp_path)) == built
     [rebuilt] = entries(tmp_path)
-    with open(rebuilt, "rb") as file:
-        read_entry(file, rebuilt.stat().st_size)  # whole again
+    read_entry(bytearray(rebuilt.read_bytes()))  # whole again
 
 
 def test_an_entry_naming_anything_but_weights_is_refused() -> None:
@@ -136,10 +134,9 @@ def test_an_entry_naming_anything_but_weights_is_refused() -> None:
             return (os.system, ("echo never",))
 
     buffer = io.BytesIO()
-    size = write_entry(buffer, {"payload": Sneaky()})
-    buffer.seek(0)
+    write_entry(buffer, {"payload": Sneaky()})
     with pytest.raises(CorruptEntry, match="never holds"):
-        read_entry(buffer, size)
+        read_entry(bytearray(buffer.getvalue()))
 
 
 def test_the_least_recently_read_entries_go_first_and_an_oversized_one_is_not_kept(tmp_path) -> None:
@@ -208,6 +205,5 @@ def test_a_bad_option_is_named() -> None:
 def test_model_weights_hold_every_layer(tiny_q4, tmp_path) -> None:
     engine = cached_engine(tiny_q4, tmp_path)
     [entry] = entries(tmp_path)
-    with open(entry, "rb") as file:
-        stored = read_entry(file, entry.stat().st_size)
+    stored = read_entry(bytearray(entry.read_bytes()))
     assert isinstance(stored, ModelWeights) and len(stored.layers) == len(engine.executor.model.layers)
