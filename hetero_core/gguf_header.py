@@ -86,6 +86,9 @@ class GGUFHeader:
         return self.fields.get(key, default)
 
 
+_LENGTH = struct.Struct("<Q")  # a string's length
+
+
 class _Cursor:
     def __init__(self, buffer: mmap.mmap) -> None:
         self.buffer, self.offset = buffer, 0
@@ -102,13 +105,26 @@ class _Cursor:
             raise ValueError(f"a string of {length} bytes runs past the end of the file")
         return self.buffer[start : self.offset].decode("utf-8", errors="replace")
 
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings one after another, in one loop: a vocabulary holds tens of thousands."""
+        buffer, offset, size, length_at = self.buffer, self.offset, len(self.buffer), _LENGTH.unpack_from
+        values = []
+        for _ in range(count):
+            (length,) = length_at(buffer, offset)
+            start, offset = offset + 8, offset + 8 + length
+            if offset > size:
+                raise ValueError(f"a string of {length} bytes runs past the end of the file")
+            values.append(buffer[start:offset].decode("utf-8", errors="replace"))
+        self.offset = offset
+        return values
+
     def value(self, kind: int) -> Any:
         if kind == STRING:
             return self.string()
         if kind == ARRAY:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if item == STRING:
-                return [self.string() for _ in range(count)]
+                return self.strings(count)
             if item in ARRAY_DTYPES:
                 dtype = np.dtype(ARRAY_DTYPES[item]).newbyteorder("<")
                 values = np.frombuffer(self.buffer, dtype, count, self.offset)
