@@ -13,6 +13,8 @@ import structlog
 
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
+pytest_plugins = ["hetero_core.testing.plugin_isolation"]  # puts logging back after every test
+
 INTEGRATION = Path(__file__).parent / "tests" / "integration"
 WEIGHT_CACHE_ENV = "HETERO_WEIGHT_CACHE"  # hetero_executor_torch.weight_cache.CACHE_ENV; subprocesses inherit it
 

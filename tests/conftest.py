@@ -18,65 +18,19 @@ installed plugin.
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
-import logging
 from typing import Any, Callable, Iterator
 
 import pytest
-import structlog
 
 from hetero_core import plugins
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
-from hetero_core.logs import LIBRARY_LOGGER
+from hetero_core.testing.plugin_isolation import isolate_plugins
 
 REFERENCE_PLUGIN = "hetero_core.testing.reference"
 
 
-def installed_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """What ``hetero_core.plugins`` finds when nothing hides the installed plugins."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=plugins.ENTRY_POINT_GROUP)}
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """The CLI configures logging for the process (a test may run it in-process): put the test-wide settings back."""
-    saved = structlog.get_config()
-    library = logging.getLogger(LIBRARY_LOGGER)
-    handlers, level, propagate = list(library.handlers), library.level, library.propagate
-    yield
-    structlog.configure(**saved)
-    library.handlers[:], library.level, library.propagate = handlers, level, propagate
-
-
-@pytest.fixture(autouse=True, scope="module")
-def without_installed_plugins(request: pytest.FixtureRequest) -> Iterator[None]:
-    """No entry point is loaded: only the built-ins and the plugins a test names itself.
-
-    Module-scoped, so that the module's servers and engines are built without them too.
-    """
-    if request.node.get_closest_marker("integration") is not None:  # a module of integration tests
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plugins, "_entry_points", dict)
-        yield
-
-
-@pytest.fixture(autouse=True)
-def installed_plugins_for_integration_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An ``integration`` test in a module of core tests sees the installed plugins again."""
-    if request.node.get_closest_marker("integration") is not None:
-        monkeypatch.setattr(plugins, "_entry_points", installed_entry_points)
-
-
-@contextlib.contextmanager
-def installed_plugins() -> Iterator[None]:
-    """The installed plugins, for a fixture of integration tests that a core module may set up first."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plugins, "_entry_points", installed_entry_points)
-        yield
+without_installed_plugins, installed_plugins_for_integration_tests = isolate_plugins()
 
 
 def core_plugin_manager(*inline: tuple[Any, str]) -> plugins.PluginManager:

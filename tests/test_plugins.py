@@ -12,8 +12,7 @@ import pytest
 from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import hookimpl, hookspec
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager, describe_plugins
-
-from .conftest import installed_plugins
+from hetero_core.testing.plugin_isolation import installed_plugins
 
 
 class PolicyPlugin:

@@ -7,9 +7,6 @@ installed plugin loads (the real-model tests, also marked ``model``).
 
 from __future__ import annotations
 
-import contextlib
-import importlib.metadata
-import logging
 import socket
 import threading
 import time
@@ -17,12 +14,10 @@ from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
-import structlog
 
-from hetero_core import plugins
 from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
-from hetero_core.logs import LIBRARY_LOGGER
+from hetero_core.testing.plugin_isolation import installed_plugins, isolate_plugins
 from hetero_serve_openai.app import create_app
 from hetero_serve_openai.async_engine import AsyncEngine
 from hetero_serve_openai.run import Server
@@ -31,51 +26,7 @@ PLUGIN = "serve-openai"
 SERVER_PLUGIN = "hetero_serve_openai.plugin"  # the module, for plugin managers built without entry points
 
 
-def installed_entry_points() -> dict[str, importlib.metadata.EntryPoint]:
-    """What ``hetero_core.plugins`` finds when nothing hides the installed plugins."""
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=plugins.ENTRY_POINT_GROUP)}
-
-
-def this_plugin_only() -> dict[str, importlib.metadata.EntryPoint]:
-    return {name: ep for name, ep in installed_entry_points().items() if name == PLUGIN}
-
-
-@pytest.fixture(autouse=True)
-def restore_logging() -> Iterator[None]:
-    """The CLI configures logging for the process (a test may run it in-process): put the test-wide settings back."""
-    saved = structlog.get_config()
-    library = logging.getLogger(LIBRARY_LOGGER)
-    handlers, level, propagate = list(library.handlers), library.level, library.propagate
-    yield
-    structlog.configure(**saved)
-    library.handlers[:], library.level, library.propagate = handlers, level, propagate
-
-
-@pytest.fixture(autouse=True, scope="module")
-def without_other_plugins(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Only this plugin's entry point loads, for the whole module (its servers are built once);
-    integration modules see all."""
-    if request.node.get_closest_marker("integration") is not None:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plugins, "_entry_points", this_plugin_only)
-        yield
-
-
-@pytest.fixture(autouse=True)
-def installed_plugins_for_integration_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An ``integration`` test in a module of other tests sees the installed plugins again."""
-    if request.node.get_closest_marker("integration") is not None:
-        monkeypatch.setattr(plugins, "_entry_points", installed_entry_points)
-
-
-@contextlib.contextmanager
-def installed_plugins() -> Iterator[None]:
-    """The installed plugins, for a fixture of integration tests that another module may set up first."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(plugins, "_entry_points", installed_entry_points)
-        yield
+without_other_plugins, installed_plugins_for_integration_tests = isolate_plugins(PLUGIN)
 
 
 class RunningServer:
