@@ -152,7 +152,8 @@ class WeightCache:
         return objects
 
     def store(self, key: str, objects: Any) -> None:
-        """Write ``objects`` under ``key`` (atomically), then evict down to ``max_bytes``; a failed write only logs."""
+        """Write ``objects`` under ``key`` (atomically), then evict down to ``max_bytes``; a failure only logs: the
+        weights are built already, and a start never fails for want of a cache entry."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile(
@@ -168,10 +169,10 @@ class WeightCache:
                     temporary.unlink(missing_ok=True)
                     raise
             os.replace(temporary, self.path(key))
-        except OSError as exc:
-            log.warning("weight cache entry not written", directory=str(self.directory), problem=str(exc))
-            return
-        self.evict(keep=key)
+            self.evict(keep=key)
+        except Exception as exc:  # a full disk, a read-only directory, an object that cannot be stored
+            problem = f"{type(exc).__name__}: {exc}"
+            log.warning("weight cache entry not written", directory=str(self.directory), problem=problem)
 
     def evict(self, keep: str | None = None) -> None:
         """Delete the least recently read entries (never ``keep``) until the rest fit ``max_bytes``,

@@ -156,6 +156,16 @@ def test_the_least_recently_read_entries_go_first_and_an_oversized_one_is_not_ke
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_an_entry_that_cannot_be_written_leaves_nothing_and_raises_nothing(tmp_path) -> None:
+    cache = WeightCache(tmp_path, 2**30)
+    cache.store("unstorable", {"weights": np.zeros(4), "how": lambda: None})  # a lambda cannot be pickled
+    assert not list(tmp_path.iterdir())
+    read_only = WeightCache(tmp_path / "file", 2**30)
+    (tmp_path / "file").write_text("not a directory")
+    read_only.store("x", {"weights": np.zeros(4)})
+    assert (tmp_path / "file").read_text() == "not a directory"
+
+
 def _entry_bytes(objects) -> bytes:
     buffer = io.BytesIO()
     write_entry(buffer, objects)
