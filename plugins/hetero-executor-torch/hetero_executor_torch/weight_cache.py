@@ -14,10 +14,12 @@ kept on disk and read back on later starts.
   each array 64-byte aligned::
 
       magic (16 bytes) | table length (8, little-endian) | table (JSON: arrays, lengths, checksum)
-      | structure (pickle: the objects, their arrays as references into the table) | padding | arrays...
+      | structure (JSON: the objects, their arrays as references into the table) | padding | arrays...
 
-  The structure is unpickled with only this package's and the kernels'
-  classes, torch dtypes and numpy scalars allowed. An entry is read by mapping
+  The structure is JSON, not a pickle: reading it makes only the classes of
+  this executor's ``model`` and ``quantized`` modules (``__new__``, then their
+  state) and names only the kernels' functions, and calls nothing else the
+  entry names. An entry is read by mapping
   it copy-on-write: its arrays are views of the page cache's pages, never
   copied. Reading checks every length and a checksum (xxh3-128) over the
   structure and the arrays; an entry that fails is deleted and rebuilt.
@@ -31,12 +33,11 @@ kept on disk and read back on later starts.
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
-import io
 import json
 import mmap
 import os
-import pickle
 import sys
 import tempfile
 import time
@@ -52,20 +53,15 @@ import xxhash
 log = structlog.get_logger()
 T = TypeVar("T")
 
-MAGIC = b"hetero-weights\x00\x01"
+MAGIC = b"hetero-weights\x00\x02"
 ALIGN = 64
 SUFFIX = ".weights"
 CACHE_ENV = "HETERO_WEIGHT_CACHE"  # "off", or the directory to use instead of the user cache directory
 STALE_TEMPORARY_SECONDS = 3600.0  # a temporary file this old was left by a start that died
 _CHUNK = 1 << 24
 _SOURCE_PACKAGES = ("hetero_core", "hetero_executor_torch", "hetero_kernels")
-_ALLOWED_MODULE_PREFIXES = ("hetero_executor_torch.", "hetero_kernels.")
-_ALLOWED_GLOBALS = {
-    ("torch", "Size"),
-    ("numpy", "dtype"),
-    ("numpy.core.multiarray", "scalar"),
-    ("numpy._core.multiarray", "scalar"),
-}
+_CLASS_MODULES = ("hetero_executor_torch.model", "hetero_executor_torch.quantized")  # the classes an entry may make
+_KERNEL_PREFIX = "hetero_kernels."  # the modules whose functions an entry may name
 
 
 class CorruptEntry(Exception):
@@ -214,76 +210,135 @@ def load_or_build(cache: WeightCache | None, model: Path, settings: Mapping[str,
     return objects
 
 
-class _Writer(pickle.Pickler):
-    """Pickles the structure; arrays, tensors and compiled kernels go out of band as references."""
+class _Encoder:
+    """The objects as JSON: arrays and tensors as references into the entry's table, kernels by name, objects of
+    the allowed classes by class name and state; anything else cannot be cached."""
 
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=5)
+    def __init__(self) -> None:
         self.arrays: list[np.ndarray] = []
         self.table: list[dict[str, Any]] = []
-        self._seen: dict[int, int] = {}
-        self._alive: list[Any] = []  # keeps memoized objects alive, so their ids stay theirs
+        self._arrays: dict[int, int] = {}
+        self._objects: dict[int, int] = {}
+        self._alive: list[Any] = []  # keeps every object seen alive, so its id stays its own
 
     def _array(self, obj: Any, array: np.ndarray, record: dict[str, Any]) -> int:
-        index = self._seen.get(id(obj))
+        index = self._arrays.get(id(obj))
         if index is None:
-            index = self._seen[id(obj)] = len(self.arrays)
+            index = self._arrays[id(obj)] = len(self.arrays)
             self._alive.append(obj)
             self.arrays.append(np.ascontiguousarray(array))
             self.table.append(record)
         return index
 
-    def persistent_id(self, obj: Any) -> Any:
+    def encode(self, obj: Any) -> Any:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
         if isinstance(obj, np.ndarray):
             if obj.dtype.hasobject:
-                raise pickle.PicklingError("cannot cache an array of Python objects")
-            return ("array", self._array(obj, obj, {"kind": "array", "dtype": obj.dtype.str, "shape": list(obj.shape)}))
+                raise TypeError("cannot cache an array of Python objects")
+            record = {"kind": "array", "dtype": obj.dtype.str, "shape": list(obj.shape)}
+            return {"array": self._array(obj, obj, record)}
         if isinstance(obj, torch.Tensor):
             if obj.device.type != "cpu" or obj.layout != torch.strided:
-                raise pickle.PicklingError(f"cannot cache a {obj.layout} tensor on {obj.device}")
+                raise TypeError(f"cannot cache a {obj.layout} tensor on {obj.device}")
             raw = obj.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-            return (
-                "tensor",
-                self._array(
-                    obj,
-                    raw,
-                    {"kind": "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape)},
-                ),
-            )
-        if type(obj).__module__.startswith("numba.") and hasattr(obj, "py_func"):  # a compiled kernel: by name
-            return ("global", obj.py_func.__module__, obj.py_func.__qualname__)
-        return None
+            record = {"kind": "tensor", "dtype": str(obj.dtype).removeprefix("torch."), "shape": list(obj.shape)}
+            return {"tensor": self._array(obj, raw, record)}
+        if isinstance(obj, torch.dtype):
+            return {"dtype": str(obj).removeprefix("torch.")}
+        if isinstance(obj, torch.Size):
+            return {"size": list(obj)}
+        if isinstance(obj, (tuple, list)):
+            return {type(obj).__name__: [self.encode(item) for item in obj]}
+        if isinstance(obj, dict) and all(isinstance(key, str) for key in obj):
+            return {"dict": {key: self.encode(value) for key, value in obj.items()}}
+        kernel = getattr(obj, "py_func", obj)  # a compiled kernel, or a plain function
+        if callable(obj) and getattr(kernel, "__module__", "").startswith(_KERNEL_PREFIX):
+            return {"function": f"{kernel.__module__}:{kernel.__qualname__}"}
+        if type(obj).__module__ in _CLASS_MODULES:
+            index = self._objects.get(id(obj))
+            if index is not None:
+                return {"ref": index}
+            self._objects[id(obj)] = len(self._objects)
+            self._alive.append(obj)
+            state = obj.__getstate__()
+            return {"object": f"{type(obj).__module__}:{type(obj).__qualname__}", "state": self.encode(state)}
+        raise TypeError(f"cannot cache a {type(obj).__module__}.{type(obj).__qualname__}")
 
 
-class _Reader(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, arrays: list[np.ndarray], table: list[dict[str, Any]]) -> None:
-        super().__init__(file)
+def _named(text: Any, modules: Callable[[str], bool]) -> tuple[str, Any]:
+    """The attribute ``module:name`` names, where ``modules(module)`` allows it and ``name`` is defined there."""
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise CorruptEntry(f"not a name: {text!r}")
+    module, name = text.split(":")
+    if not modules(module) or not name.isidentifier():
+        raise CorruptEntry(f"the structure names {text}, which a weight cache never holds")
+    return module, getattr(importlib.import_module(module), name, None)
+
+
+class _Decoder:
+    """The objects back from their JSON; only the allowed classes are made (``__new__``, then their state), and
+    nothing named in the entry is ever called but their ``__setstate__``."""
+
+    def __init__(self, arrays: list[np.ndarray], table: list[dict[str, Any]]) -> None:
         self.arrays, self.table = arrays, table
+        self.objects: list[Any] = []
 
-    def persistent_load(self, pid: Any) -> Any:
-        match pid:
-            case ("array", int(index)):
+    def decode(self, node: Any) -> Any:
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        if not isinstance(node, dict) or len(node) != 1 and "object" not in node:
+            raise CorruptEntry(f"not a node: {str(node)[:80]}")
+        match node:
+            case {"array": int(index)} if 0 <= index < len(self.arrays) and self.table[index]["kind"] == "array":
                 return self.arrays[index]
-            case ("tensor", int(index)):
-                record = self.table[index]
-                dtype = getattr(torch, record["dtype"])
-                if not isinstance(dtype, torch.dtype):
-                    raise CorruptEntry(f"not a torch dtype: {record['dtype']!r}")
-                raw = self.arrays[index]
-                if raw.size == 0:
-                    return torch.empty(record["shape"], dtype=dtype)
-                return torch.from_numpy(raw).view(dtype).reshape(record["shape"])
-            case ("global", str(module), str(name)):
-                return self.find_class(module, name)
-        raise CorruptEntry(f"unknown reference {pid!r}")
+            case {"tensor": int(index)} if 0 <= index < len(self.arrays) and self.table[index]["kind"] == "tensor":
+                return self._tensor(index)
+            case {"dtype": str(name)} if isinstance(getattr(torch, name, None), torch.dtype):
+                return getattr(torch, name)
+            case {"size": list(items)} if all(type(item) is int for item in items):
+                return torch.Size(items)
+            case {"tuple": list(items)}:
+                return tuple(self.decode(item) for item in items)
+            case {"list": list(items)}:
+                return [self.decode(item) for item in items]
+            case {"dict": dict(items)}:
+                return {key: self.decode(value) for key, value in items.items()}
+            case {"ref": int(index)} if 0 <= index < len(self.objects):
+                return self.objects[index]
+            case {"function": name}:
+                module, function = _named(name, lambda module: module.startswith(_KERNEL_PREFIX))
+                if (
+                    not callable(function)
+                    or getattr(getattr(function, "py_func", function), "__module__", "") != module
+                ):
+                    raise CorruptEntry(f"{name} is no kernel of {module}")
+                return function
+            case {"object": name, "state": state}:
+                module, cls = _named(name, lambda module: module in _CLASS_MODULES)
+                if not isinstance(cls, type) or cls.__module__ != module:
+                    raise CorruptEntry(f"{name} is no class of {module}")
+                obj = cls.__new__(cls)
+                self.objects.append(obj)
+                state = self.decode(state)
+                if hasattr(obj, "__setstate__"):
+                    obj.__setstate__(state)
+                elif isinstance(state, dict):
+                    obj.__dict__.update(state)
+                elif state is not None:
+                    raise CorruptEntry(f"a {name} with state {str(state)[:80]}")
+                return obj
+        raise CorruptEntry(f"not a node: {str(node)[:80]}")
 
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = module.startswith(_ALLOWED_MODULE_PREFIXES) or (module, name) in _ALLOWED_GLOBALS
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            allowed = True
-        if not allowed:
-            raise CorruptEntry(f"the structure names {module}.{name}, which a weight cache never holds")
-        return super().find_class(module, name)
+    def _tensor(self, index: int) -> torch.Tensor:
+        record = self.table[index]
+        dtype = getattr(torch, record["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise CorruptEntry(f"not a torch dtype: {record['dtype']!r}")
+        raw = self.arrays[index]
+        if raw.size == 0:
+            return torch.empty(record["shape"], dtype=dtype)
+        return torch.from_numpy(raw).view(dtype).reshape(record["shape"])
 
 
 def _padding(offset: int) -> int:
@@ -292,10 +347,9 @@ def _padding(offset: int) -> int:
 
 def write_entry(file: Any, objects: Any) -> int:
     """Write one entry of ``objects`` to ``file``; its size in bytes."""
-    structure = io.BytesIO()
-    writer = _Writer(structure)
-    writer.dump(objects)
-    checksum = xxhash.xxh3_128(structure.getbuffer())
+    writer = _Encoder()
+    structure = json.dumps(writer.encode(objects)).encode()
+    checksum = xxhash.xxh3_128(structure)
     offset = 0
     for record, array in zip(writer.table, writer.arrays, strict=True):
         offset += _padding(offset)
@@ -303,9 +357,9 @@ def write_entry(file: Any, objects: Any) -> int:
         offset += array.nbytes
         checksum.update(memoryview(array).cast("B"))
     table = json.dumps(
-        {"arrays": writer.table, "structure": structure.tell(), "data": offset, "checksum": checksum.hexdigest()}
+        {"arrays": writer.table, "structure": len(structure), "data": offset, "checksum": checksum.hexdigest()}
     ).encode()
-    head = MAGIC + len(table).to_bytes(8, "little") + table + structure.getbuffer()
+    head = MAGIC + len(table).to_bytes(8, "little") + table + structure
     file.write(head)
     file.write(bytes(_padding(len(head))))
     written = 0
@@ -353,4 +407,4 @@ def read_entry(buffer: Any) -> Any:
         position = record["offset"] + record["nbytes"]
     if checksum.hexdigest() != table["checksum"]:
         raise CorruptEntry("checksum mismatch")
-    return _Reader(io.BytesIO(structure), arrays, table["arrays"]).load()
+    return _Decoder(arrays, table["arrays"]).decode(json.loads(structure))

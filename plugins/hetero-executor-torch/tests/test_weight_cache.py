@@ -16,7 +16,7 @@ from hetero_core.errors import ConfigError
 from hetero_executor_torch import weight_cache
 from hetero_executor_torch.model import ModelWeights
 from hetero_executor_torch.quantized import DenseLinear, PackedLinear
-from hetero_executor_torch.weight_cache import CorruptEntry, WeightCache, read_entry, write_entry
+from hetero_executor_torch.weight_cache import CorruptEntry, WeightCache, _Decoder, read_entry, write_entry
 
 from .conftest import tiny_engine, write_tiny_gguf, write_tiny_model
 
@@ -133,10 +133,21 @@ def test_an_entry_naming_anything_but_weights_is_refused() -> None:
 
             return (os.system, ("echo never",))
 
-    buffer = io.BytesIO()
-    write_entry(buffer, {"payload": Sneaky()})
-    with pytest.raises(CorruptEntry, match="never holds"):
-        read_entry(bytearray(buffer.getvalue()))
+    with pytest.raises(TypeError, match="cannot cache"):
+        write_entry(io.BytesIO(), {"payload": Sneaky()})
+    decoder = _Decoder([], [])
+    for node in (
+        {"function": "os:system"},  # not a kernel module
+        {"function": "hetero_kernels.host:os"},  # a module's import, not its own function
+        {"object": "os:PathLike", "state": None},  # not an allowed module
+        {"object": "hetero_executor_torch.quantized:torch", "state": None},  # not a class defined there
+        {"object": "hetero_executor_torch.quantized:PackedLinear.__init__", "state": None},
+        {"array": 0},  # no such array
+        {"dtype": "load"},  # torch.load is no dtype
+        ["a bare list"],
+    ):
+        with pytest.raises(CorruptEntry):
+            decoder.decode(node)
 
 
 def test_the_least_recently_read_entries_go_first_and_an_oversized_one_is_not_kept(tmp_path) -> None:
