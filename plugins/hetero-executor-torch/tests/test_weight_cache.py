@@ -228,3 +228,14 @@ def test_model_weights_hold_every_layer(tiny_q4, tmp_path) -> None:
     [entry] = entries(tmp_path)
     stored = read_entry(bytearray(entry.read_bytes()))
     assert isinstance(stored, ModelWeights) and len(stored.layers) == len(engine.executor.model.layers)
+
+
+def test_a_tied_head_read_back_is_still_the_embedding(tmp_path) -> None:
+    folder = write_tiny_model(tmp_path / "tied", tie=True)
+    path = write_tiny_gguf(folder, tmp_path / "tied.gguf", gguf.GGMLQuantizationType.Q8_0)
+    built = cached_engine(path, tmp_path / "cache")
+    read = cached_engine(path, tmp_path / "cache")
+    assert len(entries(tmp_path / "cache")) == 1
+    model = read.executor.model
+    assert model.lm_head is model.embedding  # one table in memory, as built
+    assert greedy(read) == greedy(built)
