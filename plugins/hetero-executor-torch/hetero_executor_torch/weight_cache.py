@@ -32,6 +32,7 @@ kept on disk and read back on later starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -142,9 +143,11 @@ class WeightCache:
             log.warning(
                 "weight cache entry is corrupt; rebuilding it", entry=str(path), problem=f"{type(exc).__name__}: {exc}"
             )
-            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only cache keeps it; the weights are built all the same
+                path.unlink(missing_ok=True)
             return None
-        os.utime(path)  # the least recently read entries are evicted first
+        with contextlib.suppress(OSError):  # read-only, or evicted meanwhile by another start: nothing to mark
+            os.utime(path)  # the least recently read entries are evicted first
         return objects
 
     def store(self, key: str, objects: Any) -> None:
@@ -157,9 +160,7 @@ class WeightCache:
             ) as file:
                 temporary = Path(file.name)
                 try:
-                    size = write_entry(file, objects)
-                    if size > self.max_bytes:
-                        raise OSError(f"entry of {size} bytes exceeds the cache's bound of {self.max_bytes}")
+                    write_entry(file, objects, self.max_bytes)
                     file.flush()
                 except BaseException:
                     temporary.unlink(missing_ok=True)
@@ -345,8 +346,9 @@ def _padding(offset: int) -> int:
     return -offset % ALIGN
 
 
-def write_entry(file: Any, objects: Any) -> int:
-    """Write one entry of ``objects`` to ``file``; its size in bytes."""
+def write_entry(file: Any, objects: Any, max_bytes: int | None = None) -> int:
+    """Write one entry of ``objects`` to ``file``; its size in bytes. An entry over ``max_bytes`` is an
+    ``OSError``, before anything is written."""
     writer = _Encoder()
     structure = json.dumps(writer.encode(objects)).encode()
     checksum = xxhash.xxh3_128(structure)
@@ -360,6 +362,9 @@ def write_entry(file: Any, objects: Any) -> int:
         {"arrays": writer.table, "structure": len(structure), "data": offset, "checksum": checksum.hexdigest()}
     ).encode()
     head = MAGIC + len(table).to_bytes(8, "little") + table + structure
+    size = len(head) + _padding(len(head)) + offset
+    if max_bytes is not None and size > max_bytes:
+        raise OSError(f"entry of {size} bytes exceeds the cache's bound of {max_bytes}")
     file.write(head)
     file.write(bytes(_padding(len(head))))
     written = 0
@@ -367,7 +372,7 @@ def write_entry(file: Any, objects: Any) -> int:
         file.write(bytes(record["offset"] - written))
         file.write(memoryview(array).cast("B"))
         written = record["offset"] + array.nbytes
-    return len(head) + _padding(len(head)) + offset
+    return size
 
 
 def _typed(raw: np.ndarray, record: dict[str, Any]) -> np.ndarray:

@@ -239,3 +239,17 @@ def test_a_tied_head_read_back_is_still_the_embedding(tmp_path) -> None:
     model = read.executor.model
     assert model.lm_head is model.embedding  # one table in memory, as built
     assert greedy(read) == greedy(built)
+
+
+def test_a_read_only_cache_is_read_and_never_fails_a_start(tiny_q4, tmp_path, monkeypatch) -> None:
+    built = greedy(cached_engine(tiny_q4, tmp_path))
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(weight_cache.os, "utime", refuse)  # a hit cannot mark the entry as read
+    assert greedy(cached_engine(tiny_q4, tmp_path)) == built
+    [entry] = entries(tmp_path)
+    entry.write_bytes(b"not an entry")
+    monkeypatch.setattr(Path, "unlink", refuse)  # nor can a corrupt entry be deleted: the weights are built
+    assert greedy(cached_engine(tiny_q4, tmp_path)) == built
