@@ -346,17 +346,24 @@ class StructuredOutputBackendContract:
         rest = walker.walk(matcher, rng)
         assert len(self.check_calls(walker.text(first + more + rest))) == 2
 
-    def test_a_call_opened_in_free_text_is_constrained(self, backend: StructuredOutputBackend, walker: Walker) -> None:
-        matcher = self.matcher(backend, StructuredOutput.tool_calls(TOOL_FUNCTIONS, free_text=True))
+    @pytest.mark.parametrize(
+        "open_tag, close_tag",
+        [(TOOL_CALL_OPEN, TOOL_CALL_CLOSE), ("<call/>", "</call>"), ("[[x.*]]\n", "[[/x]]")],  # a grammar's delimiters
+    )
+    def test_a_call_opened_in_free_text_is_constrained(
+        self, backend: StructuredOutputBackend, walker: Walker, open_tag: str, close_tag: str
+    ) -> None:
+        constraint = StructuredOutput.tool_calls(TOOL_FUNCTIONS, free_text=True, open_tag=open_tag, close_tag=close_tag)
+        matcher = self.matcher(backend, constraint)
         rng = random.Random(13)
-        prefix = walker.accept_text(matcher, "I will call it.\n" + TOOL_CALL_OPEN)
+        prefix = walker.accept_text(matcher, "I will call it.\n" + open_tag)
         assert walker.eos not in walker.allowed(matcher)
         call = walker.walk(matcher, rng)
         text = walker.text(prefix + call)
         assert text.startswith("I will call it.\n")
-        end = text.index(TOOL_CALL_CLOSE) + len(TOOL_CALL_CLOSE)  # free text again after it, maybe in the same token
-        self.check_calls(text[len("I will call it.\n") : end])
-        assert TOOL_CALL_OPEN not in text[end:]
+        end = text.index(close_tag) + len(close_tag)  # free text again after it, maybe in the same token
+        self.check_calls(text[len("I will call it.\n") : end], open_tag=open_tag, close_tag=close_tag)
+        assert open_tag not in text[end:]
 
     def test_masks_filled_together_equal_masks_filled_one_by_one(
         self, backend: StructuredOutputBackend, walker: Walker, tokenizer: Tokenizer

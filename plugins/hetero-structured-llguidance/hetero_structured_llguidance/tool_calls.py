@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
 
 from hetero_core.structured_output import ToolCalls
 
@@ -18,12 +17,19 @@ def tool_calls_grammar(calls: ToolCalls) -> str:
     open_tag = json.dumps(calls.open_tag)
     if calls.free_text:
         # The text between calls holds no opening tag; the tag ends it, so the lexer never guesses where a call begins.
-        no_open_tag = f"/(?s:.*)/ & ~/(?s:.*){re.escape(calls.open_tag)}(?s:.*)/"
+        no_open_tag = f"/(?s:.*)/ & ~/(?s:.*){_regex_literal(calls.open_tag)}(?s:.*)/"
         start = "start: (TEXT_THEN_OPEN call)* TEXT" if calls.several else "start: (TEXT_THEN_OPEN call)? TEXT"
         head = [start, f"TEXT: {no_open_tag}", f"TEXT_THEN_OPEN: TEXT {open_tag}"]
     else:
         head = [f'start: {open_tag} call ("\\n" {open_tag} call)*' if calls.several else f"start: {open_tag} call"]
     return "\n".join([*head, *_call_rules(calls)])
+
+
+def _regex_literal(text: str) -> str:
+    """A regular expression matching ``text`` alone; every character but letters, digits and ``_`` as a
+    ``\\x{...}`` escape, so no tag can end the Lark regex (``/``) or its line."""
+    plain = {*"_0123456789", *map(chr, range(ord("a"), ord("z") + 1)), *map(chr, range(ord("A"), ord("Z") + 1))}
+    return "".join(char if char in plain else f"\\x{{{ord(char):x}}}" for char in text)
 
 
 def _call_rules(calls: ToolCalls) -> list[str]:
