@@ -8,9 +8,12 @@ to hide the other installed plugins' entry points from
 
     only_my_plugin, integration_sees_every_plugin = isolate_plugins("my-plugin")
 
-A module marked ``integration``, or a test marked so in another module, sees
-every installed plugin. The root ``conftest.py`` registers this module as a
-pytest plugin, so :func:`restore_logging` runs around every test.
+A module marked ``integration`` (``pytestmark``), or a test marked so in
+another module, sees every installed plugin. The fixtures are named
+``isolated_plugins`` (module-scoped) and ``every_plugin_for_integration_tests``;
+a folder's ``conftest.py`` that defines its own ``isolated_plugins`` overrides
+the isolation for its modules. The root ``conftest.py`` registers this module
+as a pytest plugin, so :func:`restore_logging` runs around every test.
 """
 
 from __future__ import annotations

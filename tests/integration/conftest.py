@@ -26,8 +26,9 @@ collect_ignore_glob = [] if importlib.metadata.entry_points(group=ENTRY_POINT_GR
 
 
 @pytest.fixture(autouse=True, scope="module")
-def without_installed_plugins() -> Iterator[None]:
-    """Overrides the core tests' fixture of this name: here the installed plugins load."""
+def isolated_plugins() -> Iterator[None]:
+    """Overrides the core tests' isolation fixture (``hetero_core.testing.plugin_isolation``): here the installed
+    plugins load, for module-scoped fixtures too."""
     yield
 
 
