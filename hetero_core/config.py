@@ -18,7 +18,7 @@ from typing import Any, Mapping
 import attrs
 
 from hetero_core.errors import ConfigError
-from hetero_core.validators import boolean, number_in, optional
+from hetero_core.validators import boolean, non_empty_string, number_in, optional
 
 MAX_COUNT = 2**24  # no size, budget or queue length is sensibly larger (16,777,216)
 MAX_BLOCK_SIZE = 1024
@@ -29,14 +29,8 @@ def _count(high: int = MAX_COUNT) -> Any:
     return number_in(1, high, integer=True, error=ConfigError)
 
 
-def _check_name(_instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{attribute.name} must be a non-empty string, got {value!r}", param=attribute.name)
-
-
-def _optional_name(instance: Any, attribute: Any, value: Any) -> None:
-    if value is not None:
-        _check_name(instance, attribute, value)
+_check_name = non_empty_string(error=ConfigError)
+_optional_name = optional(_check_name)
 
 
 @attrs.frozen

@@ -47,6 +47,16 @@ def boolean(*, error: type[EngineError] = ValidationError) -> Validator:
     return check
 
 
+def non_empty_string(*, error: type[EngineError] = ValidationError) -> Validator:
+    """Accept a string with at least one character."""
+
+    def check(_instance: Any, attribute: Any, value: Any) -> None:
+        if not isinstance(value, str) or not value:
+            raise error(f"{attribute.name} must be a non-empty string, got {value!r}", param=attribute.name)
+
+    return check
+
+
 def optional(validator: Validator) -> Validator:
     """Accept None, or whatever ``validator`` accepts."""
 

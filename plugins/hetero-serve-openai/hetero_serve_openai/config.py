@@ -14,19 +14,13 @@ import attrs
 
 from hetero_core.config import EngineConfig, config_section
 from hetero_core.errors import ConfigError
-from hetero_core.validators import boolean, named_options, number_in
+from hetero_core.validators import boolean, named_options, non_empty_string, number_in, optional
 
 _positive_int = number_in(1, None, integer=True, error=ConfigError)
 
 
-def _name(_instance: Any, attribute: Any, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{attribute.name} must be a non-empty string, got {value!r}", param=attribute.name)
-
-
-def _optional_name(instance: Any, attribute: Any, value: Any) -> None:
-    if value is not None:
-        _name(instance, attribute, value)
+_name = non_empty_string(error=ConfigError)
+_optional_name = optional(_name)
 
 
 @attrs.frozen
