@@ -112,9 +112,7 @@ def weight_bytes(model) -> int:
     def packed(linear):  # what a batch-1 step multiplies: the VNNI kernel's arrays where there are some
         return linear.vnni if getattr(linear, "vnni", None) is not None else linear.packed
 
-    linears = [linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [
-        model.lm_head
-    ]
+    linears = [linear for layer in model.layers for linear in layer.linears] + [model.lm_head]
     return sum(array_bytes(packed(linear)) if hasattr(linear, "packed") else dense_bytes(linear) for linear in linears)
 
 

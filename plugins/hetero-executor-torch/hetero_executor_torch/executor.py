@@ -96,7 +96,7 @@ def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype
 def packed_rows(model: LlamaModel) -> int:
     """The most rows every packed layer of ``model`` multiplies without widening its weights
     (:data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS` where none is packed)."""
-    linears = (linear for layer in model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    linears = (linear for layer in model.layers for linear in layer.linears)
     return min((linear.max_rows for linear in linears if isinstance(linear, PackedLinear)), default=PACKED_MAX_ROWS)
 
 

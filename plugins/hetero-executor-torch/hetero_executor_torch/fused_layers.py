@@ -78,9 +78,7 @@ def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | No
     def of(linear: Linear) -> tuple | None:
         return arrays(linear) if isinstance(linear, PackedLinear) else None
 
-    layers = [
-        tuple(of(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) for layer in model.layers
-    ]
+    layers = [tuple(of(linear) for linear in layer.linears) for layer in model.layers]
     return [] if any(four is None for layer in layers for four in layer) else layers
 
 

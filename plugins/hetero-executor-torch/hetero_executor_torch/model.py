@@ -67,6 +67,11 @@ class Layer:
         self.gate_up = linear([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")], None)
         self.down = linear([take("mlp.down_proj.weight")], None)
 
+    @property
+    def linears(self) -> tuple[Linear, Linear, Linear, Linear]:
+        """The layer's projections in the order it runs them: q|k|v, o, gate|up, down."""
+        return (self.qkv, self.o_proj, self.gate_up, self.down)
+
 
 class LayerStack(Protocol):
     def hidden_states(

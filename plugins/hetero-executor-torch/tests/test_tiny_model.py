@@ -191,9 +191,7 @@ def test_the_cpu_warm_up_stays_within_every_packed_layers_rows(tmp_path, monkeyp
     folder = write_tiny_model(tmp_path, seed=5)
     path = write_tiny_gguf(folder, tmp_path / "tiny.gguf", gguf.GGMLQuantizationType[weight_type])
     executor = TorchExecutor(EngineConfig(model=str(path)), dtype="bfloat16", weights="auto", device="cpu")
-    layers = [
-        linear for layer in executor.model.layers for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-    ]
+    layers = [linear for layer in executor.model.layers for linear in layer.linears]
     packed = [linear for linear in layers if isinstance(linear, PackedLinear)]
     assert packed, "no layer runs packed here"
     assert packed_rows(executor.model) == min(linear.max_rows for linear in packed)

@@ -54,11 +54,7 @@ def test_a_second_start_reads_the_weights_back_and_generates_the_same(tiny_q4, t
     engine = cached_engine(tiny_q4, tmp_path)
     assert greedy(engine) == built
     assert entries(tmp_path) == [entry]
-    linears = [
-        linear
-        for layer in engine.executor.model.layers
-        for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-    ]
+    linears = [linear for layer in engine.executor.model.layers for linear in layer.linears]
     assert linears and all(isinstance(linear, PackedLinear) for linear in linears)  # read back packed, not dense
 
 
