@@ -36,6 +36,23 @@ class ScheduledSequence:
     When ``params.prompt_logprobs`` is set, the executor also scores the
     prompt: see :attr:`prompt_logprob_positions` and
     :class:`ExecutionOutput`.
+
+    **Proposals.** When ``num_proposed`` is above 0 (a decode step of a
+    speculator's sequence; only for executors with ``verifies_proposals``),
+    the last ``num_proposed`` of ``token_ids`` are guesses of the tokens that
+    follow, not yet part of the sequence (:attr:`proposed_token_ids`). The
+    executor samples at each of the last ``num_proposed + 1`` positions
+    exactly as plain decoding would sample there, had the proposals before
+    that position been sampled (penalties, ``min_tokens`` and a seed's
+    position count them; ``allowed_tokens`` then holds one row per
+    position). It keeps the proposals while each equals the token sampled
+    at its position, and returns how many it kept in
+    ``ExecutionOutput.num_accepted`` and the token sampled after the last
+    kept one in ``sampled_token_ids``. A proposal is a point mass, so this is
+    exact rejection sampling: a proposal is kept with the probability the
+    model gives it, and otherwise the token comes from the model's
+    distribution without it; the tokens, seeded or not, are distributed as
+    plain decoding's.
     """
 
     seq_id: int
@@ -50,10 +67,15 @@ class ScheduledSequence:
     allowed_tokens: Any = (
         None  # numpy int32 bitmask row (hetero_core.structured_output) of the tokens it may take; None: all
     )
+    num_proposed: int = 0  # the last this many of token_ids are proposals to verify
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def proposed_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_proposed :]
 
     @property
     def prompt_logprob_positions(self) -> range:
@@ -112,6 +134,12 @@ class ExecutionOutput:
     holding ``params.prompt_logprobs`` entries and ``rank`` set. A prefill
     split into chunks gets them chunk by chunk, and the engine joins them;
     the sequence's ``do_sample`` does not matter.
+
+    A sequence with proposals (:attr:`ScheduledSequence.num_proposed`) also
+    has ``num_accepted`` (how many proposals were kept, from 0 to
+    ``num_proposed``) and, where ``params.logprobs`` is set,
+    ``accepted_logprobs``: one :class:`TokenLogprobs` per kept proposal, in
+    order; ``sampled_token_ids`` and ``logprobs`` are of the token after them.
     """
 
     sampled_token_ids: dict[int, int]  # seq_id -> next token id
@@ -120,3 +148,5 @@ class ExecutionOutput:
     prompt_logprobs: dict[int, list[TokenLogprobs]] = attrs.field(
         factory=dict
     )  # seq_id -> one per scored prompt position
+    num_accepted: dict[int, int] = attrs.field(factory=dict)  # seq_id -> proposals kept
+    accepted_logprobs: dict[int, list[TokenLogprobs]] = attrs.field(factory=dict)  # seq_id -> one per kept proposal

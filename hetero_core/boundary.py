@@ -35,6 +35,8 @@ def check_execution_output(output: Any, batch: ExecutionBatch, vocab_size: int, 
         ("logprobs", logprobs),
         ("errors", errors),
         ("prompt_logprobs", prompt_logprobs),
+        ("num_accepted", output.num_accepted),
+        ("accepted_logprobs", output.accepted_logprobs),
     ):
         if not isinstance(value, dict):
             raise ExecutionError(f"executor plugin {plugin!r} returned {name} as {type(value).__name__}, not a dict")
@@ -46,8 +48,10 @@ def check_execution_output(output: Any, batch: ExecutionBatch, vocab_size: int, 
             continue
         problem = _prompt_logprobs_problem(seq, prompt_logprobs.get(seq.seq_id), vocab_size)
         if seq.do_sample and not problem:
-            problem = _token_problem(tokens.get(seq.seq_id), vocab_size) or _logprobs_problem(
-                seq, logprobs, tokens, vocab_size
+            problem = (
+                _token_problem(tokens.get(seq.seq_id), vocab_size)
+                or _logprobs_problem(seq, logprobs, tokens, vocab_size)
+                or (_verification_problem(seq, output, vocab_size) if seq.num_proposed else None)
             )
         if problem:
             problems[seq.seq_id] = f"executor plugin {plugin!r} {problem} for sequence {seq.seq_id}"
@@ -78,6 +82,26 @@ def _logprobs_problem(
     if not _is_logprob(got.logprob):
         return f"returned logprob {got.logprob!r}, not a finite number <= 0"
     return _top_problem(got.top, wanted, vocab_size)
+
+
+def _verification_problem(seq: ScheduledSequence, output: ExecutionOutput, vocab_size: int) -> str | None:
+    """A count of kept proposals within the proposals, and where logprobs are wanted, one entry per kept one."""
+    accepted = output.num_accepted.get(seq.seq_id)
+    if isinstance(accepted, bool) or not isinstance(accepted, int) or not 0 <= accepted <= seq.num_proposed:
+        return f"returned {accepted!r} accepted proposals, not an int in [0, {seq.num_proposed}]"
+    if seq.params.logprobs is None:
+        return None
+    got = output.accepted_logprobs.get(seq.seq_id, [])
+    kept = seq.proposed_token_ids[:accepted]
+    if not isinstance(got, list) or [getattr(e, "token_id", None) for e in got] != kept:
+        return f"returned accepted logprobs {got!r:.100}, not one TokenLogprobs for each of the kept proposals {kept}"
+    for entry in got:
+        if not _is_logprob(entry.logprob):
+            return f"returned logprob {entry.logprob!r} for a kept proposal, not a finite number <= 0"
+        problem = _top_problem(entry.top, seq.params.logprobs, vocab_size)
+        if problem:
+            return f"{problem} for a kept proposal"
+    return None
 
 
 def _top_problem(top: Any, wanted: int, vocab_size: int) -> str | None:

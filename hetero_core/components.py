@@ -33,6 +33,7 @@ EXTENSION_POINTS: dict[str, str] = {
     "cache_allocator": "register_cache_allocators",
     "executor": "register_executors",
     "structured_output": "register_structured_output_backends",
+    "speculator": "register_speculators",
     "serving_backend": "register_serving_backends",
     "command": "register_commands",
 }
@@ -43,6 +44,7 @@ FACTORY_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "cache_allocator": ("num_blocks", "block_size"),
     "executor": ("config",),
     "structured_output": ("tokenizer",),
+    "speculator": ("config", "model_info", "components"),
     "serving_backend": ("config",),
     "command": ("argv",),
 }

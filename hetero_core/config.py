@@ -71,6 +71,17 @@ def _component(default: str) -> Any:
     )
 
 
+def _optional_component() -> Any:
+    return attrs.field(
+        default=None,
+        converter=attrs.Converter(
+            lambda value, _self, field: None if value is None else ComponentSpec.parse(value, field=field.name),
+            takes_self=True,
+            takes_field=True,
+        ),
+    )
+
+
 def _names(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -127,6 +138,7 @@ class EngineConfig:
     cache_allocator: ComponentSpec = _component("paged")
     executor: ComponentSpec = _component("torch")
     structured_output: ComponentSpec = _component("llguidance")
+    speculator: ComponentSpec | None = _optional_component()  # None: no speculative decoding
     plugins: PluginsConfig = attrs.field(
         factory=PluginsConfig, converter=lambda v: config_section(PluginsConfig, v, "plugins")
     )

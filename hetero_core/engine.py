@@ -45,8 +45,9 @@ from hetero_core.outputs import CompletedRequest, StreamDelta
 from hetero_core.params import GenerationParams
 from hetero_core.plugins import ComponentRegistry, create_plugin_manager
 from hetero_core.protocols import CacheAllocator, Executor, SchedulerPolicy, Tokenizer
-from hetero_core.scheduler import Scheduler, SchedulerOutput
+from hetero_core.scheduler import ScheduledWork, Scheduler, SchedulerOutput
 from hetero_core.sequence import FinishReason, Request, Sequence
+from hetero_core.speculation import ProposalRequest, Speculation
 
 log = get_logger(__name__)
 
@@ -76,6 +77,7 @@ class InferenceEngine:
                 "tokenizer", config.tokenizer.name, config.tokenizer.options, config
             )
             self.executor: Executor = registry.create("executor", config.executor.name, config.executor.options, config)
+        self.speculation: Speculation | None = None
         try:
             self._start(registry)
         except BaseException:
@@ -126,10 +128,31 @@ class InferenceEngine:
         self._step_observers = Observers(hook.on_step_finished)
         self._finish_observers = Observers(hook.on_request_finished)
         self.executor.warm_up(min(config.max_total_tokens, self.max_model_len), config.max_batch_size)
+        self.speculation = self._speculation(registry)
         Observers(hook.on_engine_started)(engine=self)
         log.info(
             "engine started", model=self.model_info.name, num_blocks=self.num_blocks, executor=config.executor.name
         )
+
+    def _speculation(self, registry: ComponentRegistry) -> Speculation | None:
+        """The configured speculator, if any; ``ConfigError`` when the executor or allocator cannot serve it."""
+        spec = self.config.speculator
+        if spec is None:
+            return None
+        if not getattr(self.executor, "verifies_proposals", False):
+            raise ConfigError(
+                f"speculator {spec.name!r} needs an executor that verifies proposals;"
+                f" executor plugin {self.plugin_names['executor']!r} does not (verifies_proposals)",
+                param="speculator",
+            )
+        if not callable(getattr(self.allocator, "trim", None)):
+            raise ConfigError(
+                f"speculator {spec.name!r} needs a cache allocator with trim;"
+                f" cache allocator plugin {self.plugin_names['cache_allocator']!r} has none",
+                param="speculator",
+            )
+        speculator = registry.create("speculator", spec.name, spec.options, self.config, self.model_info, registry)
+        return Speculation(speculator, registry.get("speculator", spec.name).plugin, self.model_info.vocab_size)
 
     def _check_vocabularies(self) -> None:
         """Warn when the tokenizer and the model count their tokens differently.
@@ -279,7 +302,7 @@ class InferenceEngine:
         started = time.monotonic()
         finished: list[Request] = []
         self._take_inbox(finished)
-        plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule(self._proposals())
         if plan.work:
             batch, problems = self.batches.build(plan)
             output, failures = self.runner.run(batch)
@@ -288,6 +311,19 @@ class InferenceEngine:
         completed = [self._finish_request(r) for r in finished]
         self._update_metrics(plan, started)
         return completed
+
+    def _proposals(self) -> dict[int, list[int]]:
+        """The speculator's proposals for the decoding sequences, each bounded by its request's room to grow."""
+        if self.speculation is None or not self.speculation.is_on:
+            return {}
+        requests = []
+        for seq in self.scheduler.running:
+            if not self.scheduler.is_decoding(seq):
+                continue
+            room = min(seq.request.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
+            if room > 1:  # the step's own token takes one place
+                requests.append(ProposalRequest(seq.seq_id, seq.token_ids, seq.num_prompt_tokens, room - 1))
+        return self.speculation.propose(requests)
 
     def _take_inbox(self, finished: list[Request]) -> None:
         new, aborted = self.inbox.take()
@@ -320,33 +356,51 @@ class InferenceEngine:
                 self.outputs.add_prompt_logprobs(
                     seq.request, seq.num_computed_tokens, output.prompt_logprobs.get(seq.seq_id, [])
                 )
-            seq.advance(work.num_new_tokens)
+            seq.advance(work.num_new_tokens - len(work.proposed))
             if work.do_sample:
-                self._take_sample(seq, output, finished)
+                self._take_samples(seq, work, output, finished)
             elif seq.request.held_samples:
                 self.scheduler.place_siblings(seq)
 
-    def _take_sample(self, seq: Sequence, output: ExecutionOutput, finished: list[Request]) -> None:
-        """``seq`` is computed to its last token: append the token sampled after it, check stops, stream."""
+    def _take_samples(
+        self, seq: Sequence, work: ScheduledWork, output: ExecutionOutput, finished: list[Request]
+    ) -> None:
+        """``seq`` is computed to its last token: append the kept proposals and the token sampled after them,
+        one at a time (each checked for stops), and stream them."""
         num_new_tokens = num_new_logprobs = 0
         if seq.request.params.max_tokens == 0:  # the prompt is scored: done, with no token
             seq.finish(FinishReason.LENGTH)
         else:
-            token_id = output.sampled_token_ids[seq.seq_id]
-            if seq.matcher is not None and not seq.matcher.accept_token(token_id):
-                self._fail_request(
-                    seq.request,
-                    f"executor plugin {self.plugin_names['executor']!r} sampled token {token_id},"
-                    " which the request's structured output does not allow",
-                    finished,
+            accepted = work.proposed[: output.num_accepted.get(seq.seq_id, 0)]
+            if work.proposed:
+                self.metrics.record_verification(len(work.proposed), len(accepted))
+                self.speculation.observe(seq.seq_id, len(work.proposed), len(accepted))
+            wants_logprobs = seq.request.params.logprobs is not None
+            logprobs = [*output.accepted_logprobs.get(seq.seq_id, []), output.logprobs.get(seq.seq_id)]
+            for i, token_id in enumerate([*accepted, output.sampled_token_ids[seq.seq_id]]):
+                if seq.matcher is not None and not seq.matcher.accept_token(token_id):
+                    self._fail_request(
+                        seq.request,
+                        f"executor plugin {self.plugin_names['executor']!r} sampled token {token_id},"
+                        " which the request's structured output does not allow",
+                        finished,
+                    )
+                    return
+                self.outputs.append_token(
+                    seq,
+                    token_id,
+                    logprobs[i] if wants_logprobs else None,
+                    is_complete=seq.matcher is not None and seq.matcher.is_finished,
                 )
-                return
-            logprobs = output.logprobs.get(seq.seq_id) if seq.request.params.logprobs is not None else None
-            self.outputs.append_token(
-                seq, token_id, logprobs, is_complete=seq.matcher is not None and seq.matcher.is_finished
-            )
-            self.metrics.generation_tokens += 1
-            num_new_tokens, num_new_logprobs = 1, int(logprobs is not None)
+                self.metrics.generation_tokens += 1
+                num_new_tokens += 1
+                num_new_logprobs += wants_logprobs
+                if seq.is_finished:
+                    break
+                if i < len(accepted):  # a kept proposal is in the cache already
+                    seq.advance(1)
+            if work.proposed and not seq.is_finished:
+                self.allocator.trim(seq.seq_id, seq.num_computed_tokens)  # the rejected proposals' slots
         if seq.is_finished:
             self.scheduler.remove(seq)
         self._emit(seq, num_new_tokens, num_new_logprobs)
@@ -390,6 +444,9 @@ class InferenceEngine:
 
     def _finish_request(self, request: Request) -> CompletedRequest:
         request.finish_time = time.monotonic()
+        if self.speculation is not None:
+            for seq in request.sequences:
+                self.speculation.free(seq.seq_id)
         self.inbox.forget(request.request_id)
         completed = completed_request(request)
         self.metrics.requests_finished[completed.finish_reason] += 1
@@ -498,4 +555,6 @@ class InferenceEngine:
             if self._closed:
                 return
             self._closed = True
+        if self.speculation is not None:
+            self.speculation.close()
         self.executor.close()

@@ -79,6 +79,8 @@ class BatchRunner:
             merged.sampled_token_ids.update(output.sampled_token_ids)
             merged.logprobs.update(output.logprobs)
             merged.prompt_logprobs.update(output.prompt_logprobs)
+            merged.num_accepted.update(output.num_accepted)
+            merged.accepted_logprobs.update(output.accepted_logprobs)
         return merged, problems
 
     def _log_failure(self, exc: Exception, error_id: str, **fields: object) -> None:

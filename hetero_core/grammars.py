@@ -34,6 +34,7 @@ from hetero_core.structured_output import (
     ConstraintKind,
     StructuredOutput,
     StructuredOutputBackend,
+    is_allowed,
     new_bitmask,
 )
 
@@ -119,6 +120,37 @@ class Grammars:
             except Exception as exc:  # this sample fails alone
                 problems[seqs[row].seq_id] = self._failed(f"{type(exc).__name__}: {exc}", exc)
         return bitmask, problems
+
+    def allowed_tokens_along(self, seq: Sequence, proposed: list[int]) -> tuple[np.ndarray, int]:
+        """The allowed tokens at ``seq``'s next position and after each proposal the grammar allows.
+
+        Returns the masks (one row per position: the next token's, then one
+        after each kept proposal) and how many proposals are kept: those
+        before the first the grammar forbids or that completes the text. The
+        matcher is advanced through them and rolled back, so it ends as it
+        began. Raises what the grammar engine raises (the caller fails the
+        sample alone, as :meth:`allowed_tokens` does).
+        """
+        if seq.matcher is None:
+            seq.matcher = self.backend().new_matcher(seq.request.grammar)
+        matcher = seq.matcher
+        bitmask = new_bitmask(len(proposed) + 1, self._tokenizer.vocab_size)
+        matcher.fill_bitmask(bitmask, 0)
+        kept = 0
+        try:
+            for token in proposed:
+                if not is_allowed(bitmask[kept], token) or matcher.is_finished or not matcher.accept_token(token):
+                    break
+                kept += 1
+                matcher.fill_bitmask(bitmask, kept)
+        finally:
+            if kept:
+                matcher.rollback(kept)
+        return bitmask[: kept + 1], kept
+
+    def failed(self, exc: Exception) -> str:
+        """Log a matcher's exception; the reason its request is given."""
+        return self._failed(f"{type(exc).__name__}: {exc}", exc)
 
     def _fill_together(
         self, backend: BatchMaskFiller, matchers: list[Any], bitmask: np.ndarray, rows: list[int]

@@ -123,6 +123,24 @@ def register_structured_output_backends(register: Register) -> None:
 
 
 @hookspec
+def register_speculators(register: Register) -> None:
+    """Register speculators: they propose tokens for speculative decoding (see :mod:`hetero_core.speculation`).
+
+    Called once per plugin when components are collected.
+
+    :param register: call ``register(name, factory)`` for each speculator.
+        ``factory(config, model_info, components, **options)`` receives the
+        :class:`~hetero_core.config.EngineConfig`, the engine's
+        :class:`~hetero_core.protocols.ModelInfo` (proposals are ids of its
+        vocabulary), the :class:`~hetero_core.components.ComponentRegistry`
+        (to build components of its own, such as a draft model's executor)
+        and the options of ``config.speculator``, and returns a
+        :class:`~hetero_core.speculation.Speculator`.
+    :return: nothing.
+    """
+
+
+@hookspec
 def register_serving_backends(register: Register) -> None:
     """Register serving backends: what the OpenAI server and its batch command talk to.
 

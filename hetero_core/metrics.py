@@ -39,6 +39,21 @@ class EngineMetrics:
     num_running: int = 0
     num_waiting: int = 0
     kv_cache_usage: float = 0.0
+    speculative_verifications: int = 0  # sequence steps that verified a speculator's proposals
+    speculative_proposed_tokens: int = 0
+    speculative_accepted_tokens: int = 0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Proposals kept per verifying sequence step (0.0 before any)."""
+        return (
+            self.speculative_accepted_tokens / self.speculative_verifications if self.speculative_verifications else 0.0
+        )
+
+    def record_verification(self, num_proposed: int, num_accepted: int) -> None:
+        self.speculative_verifications += 1
+        self.speculative_proposed_tokens += num_proposed
+        self.speculative_accepted_tokens += num_accepted
 
     def record_step(self, num_preemptions: int, num_running: int, num_waiting: int, cache: MemoryStats) -> None:
         """Count a finished step and take the gauges it left."""

@@ -241,6 +241,16 @@ class CacheAllocator(Protocol):
         """
         ...
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink the sequence's table to the blocks that hold its first ``num_tokens`` positions.
+
+        The blocks past them are released (speculative decoding gives back
+        the slots of rejected proposals this way). ``num_tokens`` is at least
+        the sequence's computed tokens, so no computed or shared block goes;
+        a ``num_tokens`` the table already fits in changes nothing.
+        """
+        ...
+
     def free(self, seq_id: int) -> None:
         """Release the sequence's blocks. Full blocks stay in the prefix cache until their slots are needed."""
         ...

@@ -20,12 +20,16 @@ and samples independently. No block is ever written while shared.
 
 A request that asks for prompt logprobs takes nothing from the prefix
 cache, so every prompt position is computed and scored.
+
+A decoding sequence may come with a speculator's proposals: it then
+computes its next token and the proposals in one step. They are cut to the
+step's token budget and dropped when their slots would need a preemption.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import attrs
 
@@ -41,9 +45,10 @@ class ScheduledWork:
     """One sequence's share of a step: compute ``num_new_tokens`` tokens from ``seq.num_computed_tokens``."""
 
     seq: Sequence
-    num_new_tokens: int
+    num_new_tokens: int  # proposals included
     do_sample: bool
     block_table: list[int]  # the sequence's physical blocks after this step's allocation
+    proposed: list[int] = attrs.field(factory=list)  # a speculator's tokens to verify, after the sequence's own
 
 
 @attrs.define
@@ -95,6 +100,10 @@ class Scheduler:
             return (seq.num_prompt_tokens - 1) // self.block_size * self.block_size
         return seq.num_tokens
 
+    def is_decoding(self, seq: Sequence) -> bool:
+        """Whether the running ``seq`` computes one token and samples the next (it may take proposals)."""
+        return self.prefill_target(seq) - seq.num_computed_tokens == 1 and seq.num_output_tokens > 0
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -108,15 +117,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the step plan
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, proposals: Mapping[int, list[int]] | None = None) -> SchedulerOutput:
+        """The step's plan; ``proposals`` are tokens to verify after decoding sequences' next ones, by seq_id."""
+        proposals = proposals or {}
         out = SchedulerOutput()
         token_budget = self.config.max_total_tokens
         seq_budget = self.config.max_batch_size
         scheduled: set[int] = set()
 
-        decodes = [
-            s for s in self.running if self.prefill_target(s) - s.num_computed_tokens == 1 and s.num_output_tokens
-        ]
+        decodes = [s for s in self.running if self.is_decoding(s)]
         decode_ids = {s.seq_id for s in decodes}
         prefills = [s for s in self.running if s.seq_id not in decode_ids]
         for seq in itertools.chain(self._order(decodes), self._order(prefills)):
@@ -125,9 +134,13 @@ class Scheduler:
             if seq not in self.running:  # preempted earlier in this step
                 continue
             num_new = min(self.prefill_target(seq) - seq.num_computed_tokens, token_budget)
+            proposed = proposals.get(seq.seq_id, [])[: token_budget - num_new]
+            if proposed and not self.allocator.can_append(seq.seq_id, seq.num_computed_tokens, num_new + len(proposed)):
+                proposed = []  # proposals never preempt anyone
             if not self._make_room(seq, num_new, scheduled, out):
                 continue
-            self._schedule(seq, num_new, out)
+            num_new += len(proposed)
+            self._schedule(seq, num_new, out, proposed)
             scheduled.add(seq.seq_id)
             token_budget -= num_new
             seq_budget -= 1
@@ -186,12 +199,14 @@ class Scheduler:
         self.waiting.append(seq)
         out.preempted.append(seq)
 
-    def _schedule(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> None:
-        self.allocator.append_slots(seq.seq_id, seq.token_ids, seq.num_computed_tokens, num_new)
-        do_sample = seq.num_computed_tokens + num_new == seq.num_tokens
-        out.work.append(ScheduledWork(seq, num_new, do_sample, self.allocator.block_table(seq.seq_id)))
-        if seq.state is RequestState.DECODE and do_sample and num_new == 1:
-            out.num_decode_tokens += 1
+    def _schedule(self, seq: Sequence, num_new: int, out: SchedulerOutput, proposed: list[int] | None = None) -> None:
+        proposed = proposed or []
+        token_ids = seq.token_ids + proposed if proposed else seq.token_ids
+        self.allocator.append_slots(seq.seq_id, token_ids, seq.num_computed_tokens, num_new)
+        do_sample = seq.num_computed_tokens + num_new - len(proposed) == seq.num_tokens
+        out.work.append(ScheduledWork(seq, num_new, do_sample, self.allocator.block_table(seq.seq_id), proposed))
+        if seq.state is RequestState.DECODE and do_sample and num_new == 1 + len(proposed):
+            out.num_decode_tokens += num_new
         else:
             out.num_prefill_tokens += num_new
 

@@ -322,6 +322,12 @@ def new_bitmask(num_rows: int, vocab_size: int) -> np.ndarray:
     return np.full((num_rows, num_bitmask_words(vocab_size)), -1, dtype=np.int32)
 
 
+def is_allowed(bitmask_row: np.ndarray, token_id: int) -> bool:
+    """Whether a bitmask row allows ``token_id`` (False for an id beyond the row)."""
+    word = token_id // BITS_PER_WORD
+    return 0 <= word < len(bitmask_row) and bool((int(bitmask_row[word]) >> (token_id % BITS_PER_WORD)) & 1)
+
+
 def allowed_token_ids(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
     """The token ids a bitmask row allows, ascending."""
     bits = np.unpackbits(bitmask_row.astype("<i4").view(np.uint8), bitorder="little")

@@ -14,7 +14,9 @@ a ``logit_bias`` of -100 bans a token and one of +100 forces it (other
 biases cannot move an arbitrary choice), and its end-of-sequence draw is
 taken only when the mask allows EOS. Its distribution puts the token it
 would pick at probability 1/2 and the following token ids at 1/4, 1/8, ...,
-and it scores prompt tokens against that distribution.
+and it scores prompt tokens against that distribution. It verifies a
+speculator's proposals: each kept while it equals the token it would pick
+after the tokens before it.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class MockExecutor:
     :param step_latency: seconds each ``execute`` takes, to stand in for compute time.
     """
 
+    verifies_proposals = True
+
     def __init__(
         self,
         config: Any = None,
@@ -104,6 +108,8 @@ class MockExecutor:
         sampled: dict[int, int] = {}
         logprobs: dict[int, TokenLogprobs] = {}
         prompt_logprobs: dict[int, list[TokenLogprobs]] = {}
+        num_accepted: dict[int, int] = {}
+        accepted_logprobs: dict[int, list[TokenLogprobs]] = {}
         for seq in batch.sequences:
             positions = seq.prompt_logprob_positions
             if not seq.do_sample and not positions:
@@ -117,14 +123,23 @@ class MockExecutor:
                 ]
             if not seq.do_sample:
                 continue
-            candidates = self._candidates(seq)
-            token_id = self._next_token(context, seq.seed, candidates)
-            sampled[seq.seq_id] = token_id
+            tokens, entries = self._verify(seq, context)
+            sampled[seq.seq_id] = tokens[-1]
             if seq.params.logprobs is not None:
-                logprobs[seq.seq_id] = self._logprobs(token_id, seq.params.logprobs, candidates)
+                logprobs[seq.seq_id] = entries[-1]
+            if seq.num_proposed:
+                num_accepted[seq.seq_id] = len(tokens) - 1
+                if seq.params.logprobs is not None:
+                    accepted_logprobs[seq.seq_id] = entries[:-1]
         if self._step_latency:
             time.sleep(self._step_latency)
-        return ExecutionOutput(sampled, logprobs, prompt_logprobs=prompt_logprobs)
+        return ExecutionOutput(
+            sampled,
+            logprobs,
+            prompt_logprobs=prompt_logprobs,
+            num_accepted=num_accepted,
+            accepted_logprobs=accepted_logprobs,
+        )
 
     def close(self) -> None:
         self._slots = np.empty(0, dtype=np.int64)
@@ -139,8 +154,25 @@ class MockExecutor:
             return self._eos_token_id
         return candidates[(value >> 32) % len(candidates)] if candidates else 0
 
-    def _candidates(self, seq: ScheduledSequence) -> list[int] | None:
-        """The tokens the sequence may take, ascending; None when it may take any."""
+    def _verify(self, seq: ScheduledSequence, context: list[int]) -> tuple[list[int], list[TokenLogprobs]]:
+        """The tokens picked at the sequence's last position and after each kept proposal, with their logprobs
+        (where asked): the last is the one after the kept proposals."""
+        proposed = seq.proposed_token_ids
+        first = len(context) - len(proposed)
+        tokens, entries = [], []
+        for j in range(len(proposed) + 1):
+            candidates = self._candidates(seq, j)
+            token_id = self._next_token(context[: first + j], seq.seed, candidates)
+            tokens.append(token_id)
+            if seq.params.logprobs is not None:
+                entries.append(self._logprobs(token_id, seq.params.logprobs, candidates))
+            if j == len(proposed) or token_id != proposed[j]:
+                break
+        return tokens, entries
+
+    def _candidates(self, seq: ScheduledSequence, position: int = 0) -> list[int] | None:
+        """The tokens the sequence may take at its ``position``-th sampled position, ascending; None when it may
+        take any."""
         bias = dict(seq.params.logit_bias)
         if seq.allowed_tokens is None and not bias:
             return None
@@ -148,7 +180,8 @@ class MockExecutor:
         if seq.allowed_tokens is None:
             candidates = list(range(vocab_size))
         else:
-            candidates = allowed_token_ids(seq.allowed_tokens, vocab_size).tolist()
+            mask = seq.allowed_tokens if seq.allowed_tokens.ndim == 1 else seq.allowed_tokens[position]
+            candidates = allowed_token_ids(mask, vocab_size).tolist()
         forced = [t for t in candidates if bias.get(t, 0.0) >= 100.0]
         return forced or [t for t in candidates if bias.get(t, 0.0) > -100.0]
 

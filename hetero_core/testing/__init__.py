@@ -13,13 +13,21 @@ import pytest
 pytest.register_assert_rewrite(
     *(
         f"hetero_core.testing.{module}"
-        for module in ("cache_allocator", "executor", "scheduler_policy", "structured_output", "tokenizer")
+        for module in (
+            "cache_allocator",
+            "executor",
+            "scheduler_policy",
+            "speculator",
+            "structured_output",
+            "tokenizer",
+        )
     )
 )
 
 from hetero_core.testing.cache_allocator import CacheAllocatorContract
 from hetero_core.testing.executor import ExecutorContract
 from hetero_core.testing.scheduler_policy import SchedulerPolicyContract
+from hetero_core.testing.speculator import SpeculatorContract
 from hetero_core.testing.structured_output import StructuredOutputBackendContract
 from hetero_core.testing.tokenizer import TokenizerContract
 
@@ -27,6 +35,7 @@ __all__ = [
     "CacheAllocatorContract",
     "ExecutorContract",
     "SchedulerPolicyContract",
+    "SpeculatorContract",
     "StructuredOutputBackendContract",
     "TokenizerContract",
 ]

@@ -157,6 +157,33 @@ class CacheAllocatorWorkload(RuleBasedStateMachine):
     def execute(self) -> None:
         self.write_pending()
 
+    @precondition(lambda self: self.computed)
+    @rule(
+        data=st.data(),
+        guesses=st.lists(ALPHABET, min_size=1, max_size=6),
+        num_kept=st.integers(0, 6),
+        next_token=ALPHABET,
+    )
+    def speculate(self, data: st.DataObject, guesses: list[int], num_kept: int, next_token: int) -> None:
+        """A decode step with proposals: slots for the last token and the guesses, all written, then the table
+        trimmed to the tokens kept (the rest of the guesses were wrong)."""
+        self.write_pending()
+        decoding = [s for s in sorted(self.computed) if self.computed[s] == len(self.tokens[s]) - 1]
+        if not decoding:
+            return
+        seq_id = data.draw(st.sampled_from(decoding))
+        tokens, start = self.tokens[seq_id], self.computed[seq_id]
+        self.tokens[seq_id] = tokens + guesses
+        if not self.reserve(seq_id, 1 + len(guesses)):
+            self.tokens[seq_id] = tokens
+            return
+        self.write_pending()
+        kept = min(num_kept, len(guesses))
+        self.tokens[seq_id] = tokens + guesses[:kept] + [next_token]
+        self.computed[seq_id] = start + 1 + kept
+        self.allocator.trim(seq_id, self.computed[seq_id])
+        assert len(self.allocator.block_table(seq_id)) == -(-self.computed[seq_id] // self.size)
+
     @precondition(lambda self: 0 < len(self.computed) < MAX_LIVE_SEQUENCES)
     @rule(data=st.data(), tail=st.lists(ALPHABET, min_size=1, max_size=4))
     def sibling(self, data: st.DataObject, tail: list[int]) -> None:
@@ -315,6 +342,23 @@ class CacheAllocatorContract:
         first, sibling = allocator.block_table(0), allocator.block_table(1)
         assert first[:num_shared] == sibling[:num_shared] and first[num_shared] != sibling[num_shared]
         assert allocator.stats().used_blocks == num_shared + 2
+        assert_accounting(allocator.stats())
+
+    def test_trim_releases_the_blocks_past_the_tokens_kept(self) -> None:
+        allocator = self.make_allocator(8, 4)
+        tokens = list(range(14))
+        allocator.allocate(0, tokens)
+        allocator.append_slots(0, tokens, 0, 5)
+        allocator.append_slots(0, tokens, 5, 9)  # 4 blocks: a step of one token and 8 proposals
+        table = list(allocator.block_table(0))
+        allocator.trim(0, 7)  # 2 of the proposals kept
+        assert allocator.block_table(0) == table[:2]
+        assert allocator.stats().used_blocks == 2
+        allocator.trim(0, 8)  # the table fits already
+        assert allocator.block_table(0) == table[:2]
+        assert allocator.can_append(0, 7, 2)
+        allocator.append_slots(0, tokens, 7, 2)
+        assert allocator.block_table(0)[:2] == table[:2] and len(allocator.block_table(0)) == 3
         assert_accounting(allocator.stats())
 
     def test_free_returns_every_block(self) -> None:

@@ -85,6 +85,11 @@ class ReferenceAllocator:
         while len(table) * self._block_size < num_computed_tokens + num_new_tokens:
             table.append(self._take())
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        table = self._table(seq_id)
+        while len(table) * self._block_size >= num_tokens + self._block_size:
+            self._release(table.pop())
+
     def free(self, seq_id: int) -> None:
         for block in self._table(seq_id):
             self._release(block)

@@ -139,6 +139,16 @@ class PagedAllocator:
         while len(table) * size < end:
             table.append(pool.take_fresh())
 
+    def trim(self, seq_id: int, num_tokens: int) -> None:
+        blocks = self._blocks(seq_id)
+        keep = -(-num_tokens // self._block_size)
+        if num_tokens < 0 or keep < blocks.num_sealed:
+            raise SchedulerError(
+                f"sequence {seq_id}: cannot trim to {num_tokens} tokens, below its {blocks.num_sealed} computed blocks"
+            )
+        while len(blocks.table) > keep:
+            self._pool.release(blocks.table.pop())
+
     def free(self, seq_id: int) -> None:
         blocks = self._blocks(seq_id)
         for block in reversed(blocks.table):  # the tail is the least reusable: it is evicted first

@@ -1,0 +1,1 @@
+"""hetero-infer speculators: ``ngram`` (prompt lookup) and ``draft`` (a smaller model)."""

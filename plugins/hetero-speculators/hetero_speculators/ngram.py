@@ -1,0 +1,136 @@
+"""``ngram``: prompt lookup. The tokens that followed the latest earlier occurrence of the sequence's last n tokens.
+
+Output that repeats its context (editing a given file, quoting a passage,
+filling fields from a given record) is guessed right often. For each
+sequence an index maps every n-gram (``min_ngram`` to ``max_ngram`` tokens)
+to where its latest occurrence ends; it grows with the sequence, so a
+proposal costs a few dictionary lookups, not a scan of the context. The
+longest n-gram that ends the sequence and occurred before wins, and the
+tokens after that occurrence are the proposal.
+
+How many it proposes adapts per sequence: after a step that kept every
+proposal the bound grows by 2 (up to ``k``), after one that kept some it
+becomes one more than were kept, and after ``patience`` steps in a row that
+kept none the sequence proposes nothing for a while: 8 steps, doubling at
+each further failure up to 256, so a workload where guesses fail costs
+almost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from typing import Sequence as SequenceOf
+
+import attrs
+
+from hetero_core.errors import ConfigError
+from hetero_core.speculation import ProposalRequest
+from hetero_core.validators import number_in
+
+FIRST_PAUSE = 8  # steps without proposals after the first run of failures
+MAX_PAUSE = 256
+
+
+def _check_ngram_range(instance: NgramOptions, _attribute: Any, max_ngram: int) -> None:
+    if max_ngram < instance.min_ngram:
+        raise ConfigError(f"max_ngram={max_ngram} must be at least min_ngram={instance.min_ngram}", param="max_ngram")
+
+
+@attrs.frozen
+class NgramOptions:
+    """The options of ``ngram`` (config: ``"speculator": {"name": "ngram", "k": 8}``)."""
+
+    k: int = attrs.field(default=8, validator=number_in(1, 64, integer=True, error=ConfigError))
+    min_ngram: int = attrs.field(default=2, validator=number_in(1, 16, integer=True, error=ConfigError))
+    max_ngram: int = attrs.field(
+        default=4, validator=[number_in(1, 16, integer=True, error=ConfigError), _check_ngram_range]
+    )
+    patience: int = attrs.field(default=3, validator=number_in(1, 1000, integer=True, error=ConfigError))
+
+
+@attrs.define
+class _SequenceState:
+    """One sequence's n-gram index and its adaptive bound."""
+
+    ends: dict[tuple[int, ...], int] = attrs.field(factory=dict)  # n-gram -> where its latest occurrence ends
+    num_indexed: int = 0  # n-grams ending at positions up to this one are indexed
+    bound: int = 1  # proposals at most, now
+    failures: int = 0  # steps in a row that kept nothing
+    pause: int = 0  # steps left without proposals
+    next_pause: int = FIRST_PAUSE
+
+
+class NgramSpeculator:
+    """The ``ngram`` speculator (see the module docstring).
+
+    :param k: the most tokens it proposes for a sequence in one step.
+    :param min_ngram: the shortest suffix it looks up.
+    :param max_ngram: the longest suffix it looks up (longer matches win).
+    :param patience: steps in a row that keep no proposal before a sequence pauses.
+    """
+
+    def __init__(
+        self,
+        config: Any = None,
+        model_info: Any = None,
+        components: Any = None,
+        *,
+        k: int = 8,
+        min_ngram: int = 2,
+        max_ngram: int = 4,
+        patience: int = 3,
+    ) -> None:
+        self.k = k
+        self.min_ngram = min_ngram
+        self.max_ngram = max_ngram
+        self.patience = patience
+        self._states: dict[int, _SequenceState] = {}
+
+    def propose(self, requests: SequenceOf[ProposalRequest]) -> list[list[int]]:
+        return [self._propose(request) for request in requests]
+
+    def observe(self, seq_id: int, num_proposed: int, num_accepted: int) -> None:
+        state = self._states.get(seq_id)
+        if state is None:
+            return
+        if num_accepted == num_proposed:
+            state.bound = min(self.k, state.bound + 2)
+        else:
+            state.bound = max(1, num_accepted + 1)
+        if num_accepted:
+            state.failures, state.next_pause = 0, FIRST_PAUSE
+            return
+        state.failures += 1
+        if state.failures >= self.patience:
+            state.failures, state.pause = 0, state.next_pause
+            state.next_pause = min(MAX_PAUSE, 2 * state.next_pause)
+
+    def free(self, seq_id: int) -> None:
+        self._states.pop(seq_id, None)
+
+    def close(self) -> None:
+        self._states.clear()
+
+    def _propose(self, request: ProposalRequest) -> list[int]:
+        state = self._states.get(request.seq_id)
+        if state is None:
+            state = self._states[request.seq_id] = _SequenceState(bound=self.k)
+        tokens = request.token_ids
+        self._index(state, tokens)
+        if state.pause:
+            state.pause -= 1
+            return []
+        count = len(tokens)
+        for n in range(min(self.max_ngram, count - 1), self.min_ngram - 1, -1):
+            end = state.ends.get(tuple(tokens[count - n :]))
+            if end is not None:
+                return list(tokens[end : end + min(state.bound, request.max_proposals)])
+        return []
+
+    def _index(self, state: _SequenceState, tokens: list[int]) -> None:
+        """Index the n-grams ending before the last position (the suffix looked up must occur earlier)."""
+        ends = state.ends
+        for end in range(max(state.num_indexed, 1), len(tokens)):
+            for n in range(self.min_ngram, min(self.max_ngram, end) + 1):
+                ends[tuple(tokens[end - n : end])] = end
+        state.num_indexed = max(state.num_indexed, len(tokens))

@@ -1,0 +1,69 @@
+"""The ``ngram`` speculator: its contract, what it proposes, and how its bound adapts."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetero_core.errors import ConfigError
+from hetero_core.plugins import ComponentRegistry, create_plugin_manager
+from hetero_core.speculation import ProposalRequest
+from hetero_core.testing import SpeculatorContract
+from hetero_speculators.ngram import FIRST_PAUSE, NgramSpeculator
+
+
+class TestNgramContract(SpeculatorContract):
+    vocab_size = 259
+
+    @pytest.fixture
+    def make_speculator(self):
+        return lambda: NgramSpeculator(k=5)
+
+
+def propose(speculator: NgramSpeculator, tokens: list[int], max_proposals: int = 8, seq_id: int = 0) -> list[int]:
+    return speculator.propose([ProposalRequest(seq_id, tokens, 1, max_proposals)])[0]
+
+
+def test_the_longest_suffix_match_wins_and_its_latest_occurrence() -> None:
+    speculator = NgramSpeculator(k=4, min_ngram=1, max_ngram=3)
+    #        0  1  2  3  4  5  6  7  8  9 10 11
+    tokens = [1, 2, 3, 9, 9, 2, 3, 7, 7, 1, 2, 3]
+    # "1 2 3" occurred at 0..2 (followed by 9 9 2 3); "2 3" last occurred at 5..6 (followed by 7 7 1 2)
+    assert propose(speculator, tokens) == [9, 9, 2, 3]
+
+
+def test_no_match_no_proposal_and_the_bound_is_the_requests() -> None:
+    speculator = NgramSpeculator(k=8, min_ngram=2)
+    assert propose(speculator, [1, 2, 3, 4, 5]) == []
+    assert propose(speculator, [1, 2, 3, 1, 2], max_proposals=2, seq_id=1) == [3, 1]
+
+
+def test_the_index_grows_with_the_sequence() -> None:
+    speculator = NgramSpeculator(k=3, min_ngram=2, max_ngram=2)
+    tokens = [4, 5, 6, 7]
+    assert propose(speculator, tokens) == []
+    tokens += [8, 4, 5]
+    assert propose(speculator, tokens) == [6, 7, 8]
+
+
+def test_the_bound_adapts_and_failures_pause_proposals() -> None:
+    speculator = NgramSpeculator(k=6, min_ngram=1, max_ngram=1, patience=2)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1]
+    assert propose(speculator, tokens) == [2, 3, 4, 5, 6, 7]
+    speculator.observe(0, 6, 1)  # one kept: the bound drops to 2
+    assert propose(speculator, tokens) == [2, 3]
+    speculator.observe(0, 2, 2)  # all kept: it grows by 2
+    assert propose(speculator, tokens) == [2, 3, 4, 5]
+    speculator.observe(0, 4, 0)
+    speculator.observe(0, 1, 0)  # `patience` failures in a row: a pause
+    assert [propose(speculator, tokens) for _ in range(FIRST_PAUSE)] == [[]] * FIRST_PAUSE
+    assert propose(speculator, tokens) == [2]
+
+
+def test_options_are_checked_by_name() -> None:
+    registry = ComponentRegistry(create_plugin_manager(load=["hetero_speculators.plugin"]))
+    registration = registry.get("speculator", "ngram")
+    assert registration.validate_options({"k": 3}) == {"k": 3, "min_ngram": 2, "max_ngram": 4, "patience": 3}
+    with pytest.raises(ConfigError, match="max_ngram=1 must be at least min_ngram=2"):
+        registration.validate_options({"max_ngram": 1})
+    with pytest.raises(ConfigError, match="speculator 'ngram' has no option 'n'"):
+        registration.validate_options({"n": 3})
