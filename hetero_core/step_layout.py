@@ -5,7 +5,8 @@ position and cache slot (the token at position ``p`` goes to slot
 ``block_table[p // block_size] * block_size + p % block_size``), which
 sequences decode (one new token after a cached prefix) and which compute a
 prompt chunk, where each sequence's tokens start in the flattened batch,
-and which rows are sampled. :func:`layout` works them out once per step,
+and which rows are sampled (a sequence's last, and one before each of its
+proposals). :func:`layout` works them out once per step,
 with numpy, so no executor derives them again.
 """
 
@@ -52,7 +53,8 @@ class StepLayout:
     slot_mapping: np.ndarray  # [T] int64: the cache slot each new token's key and value go to
     query_start: np.ndarray  # [S + 1] int32
     context_lens: np.ndarray  # [S] int32: cached + new tokens of each sequence after this step
-    sample_rows: np.ndarray  # [sampled] int64: the last row of each sequence with do_sample, in order
+    # [sampled rows] int64: per sequence with do_sample, in order, its last row and the row before each proposal
+    sample_rows: np.ndarray
 
     @property
     def decodes(self) -> list[ScheduledSequence]:
@@ -102,6 +104,11 @@ def layout(batch: ExecutionBatch) -> StepLayout:
         positions[rows] = np.arange(starts[i], starts[i] + lengths[i])
         slot_mapping[rows] = slots(seq.block_table, positions[rows], size)
     sampled = [i for i, s in enumerate(ordered) if s.do_sample]
+    ends = query_start[1:]
+    if any(ordered[i].num_proposed for i in sampled):
+        sample_rows = np.concatenate([np.arange(ends[i] - ordered[i].num_proposed - 1, ends[i]) for i in sampled])
+    else:
+        sample_rows = ends[sampled] - 1
     return StepLayout(
         sequences=ordered,
         num_decodes=len(decodes),
@@ -111,5 +118,5 @@ def layout(batch: ExecutionBatch) -> StepLayout:
         slot_mapping=slot_mapping,
         query_start=query_start.astype(np.int32),
         context_lens=(starts + lengths).astype(np.int32),
-        sample_rows=query_start[1:][sampled] - 1,
+        sample_rows=sample_rows,
     )

@@ -11,7 +11,7 @@ from hetero_executor_torch.attention_backend import AttentionBackend, AttentionB
 from hetero_executor_torch.executor import TorchExecutor, resolve_device
 from hetero_executor_torch.kernel_attention import KernelAttention
 from hetero_executor_torch.plugin import TorchExecutorOptions
-from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
+from hetero_executor_torch.sampling import Sampler, sample_and_verify, sample_each_alone_on_failure
 
 API_VERSION = 1
 
@@ -26,5 +26,6 @@ __all__ = [
     "TorchExecutor",
     "TorchExecutorOptions",
     "resolve_device",
+    "sample_and_verify",
     "sample_each_alone_on_failure",
 ]

@@ -23,7 +23,7 @@ from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel, build_weights
 from hetero_executor_torch.prompt_scoring import score_prompts
 from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, PackedLinear, cpu_flags
-from hetero_executor_torch.sampling import Sampler, sample_each_alone_on_failure
+from hetero_executor_torch.sampling import Sampler, sample_and_verify
 from hetero_executor_torch.weight_cache import load_or_build, open_cache
 
 log = get_logger(__name__)
@@ -146,6 +146,8 @@ class TorchExecutor:
         ``true`` or ``false``. On the CPU, ``true`` runs the graph path's
         checked eager stand-in: no faster, but it exercises the same buffers.
     """
+
+    verifies_proposals = True  # samples a speculator's proposals with the sequence's next token
 
     def __init__(
         self,
@@ -341,7 +343,7 @@ class TorchExecutor:
                         logits_at, ordered, self.model_config.vocab_size, self.device
                     )
             sampled = step.sampled
-            output = sample_each_alone_on_failure(self.sampler, logits, sampled) if sampled else ExecutionOutput({})
+            output = sample_and_verify(self.sampler, logits, sampled) if sampled else ExecutionOutput({})
             output.prompt_logprobs = prompt_logprobs
             output.errors.update(errors)  # a prompt that cannot be scored fails its sequence, sampled or not
             return output

@@ -14,12 +14,24 @@ not finite (NaN or +inf from the model) or whose sampling fails becomes a
 per-sequence error in the :class:`ExecutionOutput`, and the other rows are
 sampled as if it were not there. Logprobs are clamped at ``MIN_LOGPROB``, so
 none is ever -inf or NaN.
+
+:func:`sample_and_verify` adds a speculator's proposals: a sequence with
+``num_proposed`` proposals has that many rows of logits more, one before each
+proposal. Each row is sampled as plain decoding would sample it had the
+proposals before it been sampled (they count in its penalties,
+``min_tokens`` and seeded position, and it takes its own row of
+``allowed_tokens``), and the proposals are kept while each equals the token
+sampled at its position. The token after the kept ones is the one sampled
+there. With a proposal taken as a point mass this is exact rejection
+sampling, and since every row draws as plain decoding's would, a seeded
+request's tokens are the same with and without proposals.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import attrs
 import numpy as np
 import torch
 
@@ -126,7 +138,11 @@ class Sampler:
         logits = logits / temperature
         if any(s.params.top_k or s.params.top_p < 1.0 or s.params.min_p > 0.0 for s in seqs):
             logits = self._truncate(logits, seqs)
-        probs = torch.softmax(logits, dim=-1)
+        return self._draw(torch.softmax(logits, dim=-1), seqs)
+
+    def _draw(self, probs: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
+        """One token per row of ``probs``, drawn from it: the sampler's only randomness."""
+        device = probs.device
         noise = torch.empty_like(probs)
         unseeded = [i for i, s in enumerate(seqs) if s.seed is None]
         if unseeded:
@@ -189,8 +205,60 @@ def allowed_token_mask(bitmask: np.ndarray, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(bits).view(torch.bool)
 
 
+SampleRows = Callable[[torch.Tensor, Sequence[ScheduledSequence]], tuple[list[int], dict[int, TokenLogprobs]]]
+
+
+def sample_and_verify(sampler: SampleRows, logits: torch.Tensor, seqs: Sequence[ScheduledSequence]) -> ExecutionOutput:
+    """Sample each sequence's rows of ``logits`` (its last, after one before each proposal) and verify its
+    proposals; a sequence that cannot be sampled fails alone (:func:`sample_each_alone_on_failure`)."""
+    if not any(seq.num_proposed for seq in seqs):
+        return sample_each_alone_on_failure(sampler, logits, seqs)
+    rows = [row for seq in seqs for row in _positions(seq)]
+    for number, row in enumerate(rows):
+        row.seq_id = number  # each row samples as a sequence of its own
+    by_row = sample_each_alone_on_failure(sampler, logits, rows)
+    output = ExecutionOutput({})
+    first = 0
+    for seq in seqs:
+        proposed, wants_logprobs = seq.proposed_token_ids, seq.params.logprobs is not None
+        kept = 0
+        while kept < len(proposed) and by_row.sampled_token_ids.get(first + kept) == proposed[kept]:
+            kept += 1
+        row = first + kept
+        if row in by_row.errors:
+            output.errors[seq.seq_id] = by_row.errors[row]
+        else:
+            output.sampled_token_ids[seq.seq_id] = by_row.sampled_token_ids[row]
+            if seq.num_proposed:
+                output.num_accepted[seq.seq_id] = kept
+            if wants_logprobs:
+                output.logprobs[seq.seq_id] = by_row.logprobs[row]
+                if seq.num_proposed:
+                    output.accepted_logprobs[seq.seq_id] = [by_row.logprobs[first + j] for j in range(kept)]
+        first += seq.num_proposed + 1
+    return output
+
+
+def _positions(seq: ScheduledSequence) -> list[ScheduledSequence]:
+    """The sampled positions of ``seq``: after its tokens, then after each of its proposals, as plain decoding
+    would present them."""
+    if not seq.num_proposed:
+        return [attrs.evolve(seq)]
+    masks = seq.allowed_tokens
+    proposed = seq.proposed_token_ids
+    return [
+        attrs.evolve(
+            seq,
+            all_token_ids=seq.all_token_ids + proposed[:j],
+            allowed_tokens=None if masks is None else masks[j],
+            num_proposed=0,
+        )
+        for j in range(seq.num_proposed + 1)
+    ]
+
+
 def sample_each_alone_on_failure(
-    sampler: Callable[[torch.Tensor, Sequence[ScheduledSequence]], tuple[list[int], dict[int, TokenLogprobs]]],
+    sampler: SampleRows,
     logits: torch.Tensor,
     seqs: Sequence[ScheduledSequence],
 ) -> ExecutionOutput:
