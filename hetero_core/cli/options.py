@@ -31,6 +31,7 @@ COMPONENT_FLAGS = (
     "cache_allocator",
     "executor",
     "structured_output",
+    "speculator",
 )  # a name; the file's options stay when the name is the same
 SECTIONS = (
     "server",
@@ -48,6 +49,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-allocator", help="cache allocator component name (paged, ...)")
     group.add_argument("--executor", help="executor component name (torch, numba-cuda, mock, ...)")
     group.add_argument("--structured-output", help="structured-output backend name (llguidance, ...)")
+    group.add_argument(
+        "--speculator", help="speculative decoding: a speculator name (ngram, draft, ...); default none"
+    )
     group.add_argument(
         "-o",
         "--option",
@@ -117,10 +121,18 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     assigned = component_options(args.option)
     for key in COMPONENT_FLAGS:
         current = getattr(config, key)
+        if current is None and getattr(args, key) is None:  # an optional component none was chosen for
+            if key in assigned:
+                raise ConfigError(
+                    f"--option {key}.{next(iter(assigned[key]))} sets an option of no {key}:"
+                    f" choose one with --{key.replace('_', '-')} NAME",
+                    param=key,
+                )
+            continue
         name = getattr(args, key) or current.name
-        options = dict(current.options) if name == current.name else {}
+        options = dict(current.options) if current is not None and name == current.name else {}
         options.update(assigned.get(key, {}))
-        if (name, options) != (current.name, dict(current.options)):
+        if current is None or (name, options) != (current.name, dict(current.options)):
             changes[key] = {"name": name, **options}
     changes.update(
         {section: assigned[section] for section in SECTIONS if section in assigned}

@@ -44,6 +44,11 @@ GAUGES = (
     ("vllm:num_requests_waiting", "Sequences waiting for admission.", "num_waiting"),
     ("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use.", "kv_cache_usage"),
     ("vllm:gpu_cache_usage_perc", "Fraction of KV blocks in use (older name).", "kv_cache_usage"),
+    (
+        "hetero:spec_decode_mean_accepted_length",
+        "Speculative proposals kept per verifying sequence step.",
+        "mean_accepted_length",
+    ),
 )
 COUNTERS = (
     ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries"),
@@ -51,6 +56,9 @@ COUNTERS = (
     ("vllm:prompt_tokens", "Prompt tokens submitted.", "prompt_tokens"),
     ("vllm:generation_tokens", "Tokens generated.", "generation_tokens"),
     ("vllm:num_preemptions", "Sequences preempted.", "num_preemptions"),
+    ("vllm:spec_decode_num_drafts", "Sequence steps that verified speculative proposals.", "speculative_verifications"),
+    ("vllm:spec_decode_num_draft_tokens", "Speculative tokens proposed.", "speculative_proposed_tokens"),
+    ("vllm:spec_decode_num_accepted_tokens", "Speculative tokens kept.", "speculative_accepted_tokens"),
 )
 
 
