@@ -212,3 +212,20 @@ def test_output_shaping_flags_reach_the_parameters() -> None:
         )
     )
     assert shaped.include_stop_str_in_output and not shaped.skip_special_tokens
+
+
+def test_the_speculator_flag_and_its_options(tmp_path, capsys) -> None:
+    config = engine_config(build_parser().parse_args([*MOCK, "--speculator", "ngram", "-o", "speculator.k=3"]))
+    assert config.speculator.name == "ngram" and config.speculator.options == {"k": 3}
+    assert engine_config(build_parser().parse_args(MOCK)).speculator is None
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"speculator": {"name": "ngram", "k": 5}}))
+    config = engine_config(build_parser().parse_args(["--config", str(path), "-o", "speculator.min_ngram=1"]))
+    assert config.speculator.options == {"k": 5, "min_ngram": 1}
+    with pytest.raises(Exception, match="sets an option of no speculator: choose one with --speculator NAME"):
+        engine_config(build_parser().parse_args([*MOCK, "-o", "speculator.k=3"]))
+    assert (
+        main(["--input", "abcabcabcabc", "--max-tokens", "6", "--temperature", "0", "--speculator", "ngram", *MOCK])
+        == 0
+    )
+    assert capsys.readouterr().out.strip()
