@@ -30,9 +30,12 @@ from typing import Sequence as SequenceOf
 import attrs
 
 from hetero_core.batch import ExecutionBatch, ScheduledSequence
+from hetero_core.components import ComponentRegistry
+from hetero_core.config import EngineConfig
 from hetero_core.errors import ConfigError
 from hetero_core.logs import get_logger
 from hetero_core.params import GenerationParams
+from hetero_core.protocols import ModelInfo
 from hetero_core.speculation import ProposalRequest
 from hetero_core.validators import named_options, non_empty_string, number_in, optional
 
@@ -101,9 +104,9 @@ class DraftSpeculator:
 
     def __init__(
         self,
-        config: Any,
-        model_info: Any,
-        components: Any,
+        config: EngineConfig,
+        model_info: ModelInfo,
+        components: ComponentRegistry,
         *,
         model: str | None = None,
         executor: str = "torch",
@@ -147,15 +150,15 @@ class DraftSpeculator:
             batch = ExecutionBatch(
                 [
                     ScheduledSequence(
-                        d.request.seq_id,
-                        d.new_tokens,
-                        len(d.draft.tokens),
-                        d.draft.block_table,
-                        True,
-                        GREEDY,
-                        d.request.token_ids + d.proposal,
-                        d.request.num_prompt_tokens,
-                        None,
+                        seq_id=d.request.seq_id,
+                        token_ids=d.new_tokens,
+                        start_position=len(d.draft.tokens),
+                        block_table=d.draft.block_table,
+                        do_sample=True,
+                        params=GREEDY,
+                        all_token_ids=d.request.token_ids + d.proposal,
+                        num_prompt_tokens=d.request.num_prompt_tokens,
+                        seed=None,
                     )
                     for d in drafting
                 ],
