@@ -368,10 +368,9 @@ TILE_WEIGHTS = 1 << 22
 
 
 class PackedLinear:
-    """Packed weights for steps of at most ``max_rows`` tokens; up to :data:`CHUNKED_MAX_ROWS`, the packed
-    kernel ``max_rows`` rows at a time; above, the same weights widened a tile of outputs at a time
-    (``rows``) into a buffer of the model's dtype, multiplied densely -- or, where asked (``dense``, the
-    executor's ``dense_copy``) or no widening is at hand, a dense copy.
+    """Packed weights for steps of at most ``max_rows`` tokens; above, the same weights widened a tile of
+    outputs at a time (``rows``) into a buffer of the model's dtype, multiplied densely -- or, where
+    asked (``dense``, the executor's ``dense_copy``) or no widening is at hand, a dense copy.
 
     torch's packed kernels cost about linearly in the rows (they do not reuse a
     widened weight across rows), while the dense bf16 matmul costs nearly the
@@ -407,13 +406,8 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         count = x.shape[0]
         if count > self.max_rows:
-            if self.dense_linear is not None:
-                return self.dense_linear(x)
-            if count > CHUNKED_MAX_ROWS:
-                return self._widened(x)
-            out = torch.cat([self.packed.matmul(x[i : i + self.max_rows]) for i in range(0, count, self.max_rows)])
-        else:
-            out = (self.vnni if self.vnni is not None and count <= VNNI_MAX_ROWS else self.packed).matmul(x)
+            return self.dense_linear(x) if self.dense_linear is not None else self._widened(x)
+        out = (self.vnni if self.vnni is not None and count <= VNNI_MAX_ROWS else self.packed).matmul(x)
         return out if self.bias is None else out + self.bias
 
     def _widened(self, x: torch.Tensor) -> torch.Tensor:
@@ -462,10 +456,6 @@ class PackedLinear:
 
 
 PACKED_MAX_ROWS = 8
-# Steps of up to this many rows run a layer whose packed kernel takes fewer, a few rows at a time, rather than
-# widening its weights: through the embedded model's 8-bit head (49,152 x 576, two rows a call), 3 to 8 rows
-# took a quarter to a fifth of the time widening took (a speculative step verifies that many).
-CHUNKED_MAX_ROWS = 8
 
 
 @functools.cache
@@ -549,8 +539,8 @@ def make_linear(
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
     if weight_format == "int4" and isinstance(weight, ByteQuantized):
         kernel = vnni_kernel(dtype, device, weight.shape[1])
-        if kernel is not None:
-            packed, max_rows = VnniInt8Weights(weight, kernel), VNNI_MAX_ROWS
+        if kernel is not None:  # each weight row is read once for every activation row: 8 rows cost 2 rows' time
+            packed, max_rows = VnniInt8Weights(weight, kernel), PACKED_MAX_ROWS
         elif weight.group_size == GROUP_SIZE and weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
             packed, max_rows = SplitInt4Weights(weight, dtype), SPLIT_MAX_ROWS
         else:
