@@ -302,8 +302,7 @@ class TorchExecutor:
         widening of packed weights for steps over the packed kernels' rows:
         the whole model's at every such step (a 256-token prefill and a
         32-sequence decode added half a second to a 0.5B model's start, more
-        to a 3B one's; a Q4_K_M file's 8-bit layers, which take two rows,
-        widened at an 8-token prefill and a 3-sequence decode). So the steps
+        to a 3B one's). So the steps
         stay within the packed kernels' rows, and the first longer step pays
         the widening kernels' first call (tens of milliseconds) instead; one
         sequence runs the one-call layers, and three the tiled kernel where
