@@ -22,7 +22,10 @@ An engine configuration is measured on each of its paths: ``batch-1``
 kernels where the weights are packed), ``decode-batch`` (every prompt
 prefilled, then all the answers decoded together, one token per chat a step:
 steps of a dozen rows, the tiled int4 kernel where it runs) and ``batched``
-(the whole sequence in one pass: the dense matmuls of many-row steps).
+(the whole sequence in one pass: the dense matmuls of many-row steps) and
+``verify-8`` (prompt prefilled, then the answer computed 8 tokens a step from
+a decode position, as speculative decoding verifies a token and 7
+proposals: the rows a bfloat16 speculative step rounds as it does).
 transformers in bf16 reads the whole sequence in one forward pass.
 
 Everything runs on CUDA where torch sees a GPU (the executors' ``auto``
@@ -75,7 +78,8 @@ CONFIGS = {
 }
 # The packed formats are CPU kernels and float16 runs on CUDA only (where auto weights are dense).
 DEFAULT_CONFIGS = {"cpu": ("bf16-auto", "bf16-dense", "bf16-int8", "fp32-int4"), "cuda": ("bf16-dense", "fp16-dense")}
-PATHS = ("batch-1", "decode-batch", "batched")
+PATHS = ("batch-1", "decode-batch", "batched", "verify-8")
+VERIFY_ROWS = 8  # a speculative step's rows: the sequence's next token and 7 proposals
 BLOCK = 16
 
 
@@ -112,6 +116,30 @@ def batch_one(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> 
             prompt + answer[: offset + 1],
             len(prompt),
             None,
+        )
+        rows.append(executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], BLOCK)))))
+    return torch.cat(rows)
+
+
+def verified(executor: TorchExecutor, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """Logits predicting each answer token: the prompt prefilled, then the answer computed 8 tokens a step, as
+    speculative decoding's verification steps compute a sequence's next token and its proposals."""
+    rows = [whole_pass(executor, prompt)[-1:]]
+    greedy = GenerationParams(temperature=0.0)
+    for start in range(0, len(answer) - 1, VERIFY_ROWS):
+        chunk = answer[start : min(start + VERIFY_ROWS, len(answer) - 1)]
+        position = len(prompt) + start
+        sequence = ScheduledSequence(
+            0,
+            chunk,
+            position,
+            list(range((position + len(chunk) - 1) // BLOCK + 1)),
+            True,
+            greedy,
+            prompt + answer[: start + 1],
+            len(prompt),
+            None,
+            num_proposed=len(chunk) - 1,
         )
         rows.append(executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], BLOCK)))))
     return torch.cat(rows)
@@ -225,6 +253,13 @@ def main() -> None:
                 report(
                     f"hetero {name} decode-batch",
                     [compare(logits, r) for logits, r in zip(together, references, strict=True)],
+                    time.monotonic() - started,
+                )
+            if "verify-8" in paths:
+                started = time.monotonic()
+                report(
+                    f"hetero {name} verify-8",
+                    [compare(verified(executor, p, a), r) for (p, a), r in zip(samples, references, strict=True)],
                     time.monotonic() - started,
                 )
             if "batched" in paths:

@@ -277,3 +277,36 @@ class ExecutorContract:
         assert last.token_id == greedy.token_id and last.rank == 1
         assert math.isclose(last.logprob, greedy.logprob, rel_tol=1e-3, abs_tol=1e-3)
         assert [t for t, _ in last.top] == [t for t, _ in greedy.top]
+
+    @pytest.mark.parametrize("num_right", [0, 2, 3])
+    def test_proposals_are_kept_while_they_match_plain_decoding(self, ready: Executor, num_right: int) -> None:
+        """An executor with ``verifies_proposals``: kept while each equals the token plain decoding samples."""
+        if not getattr(ready, "verifies_proposals", False):
+            pytest.skip("this executor does not declare verifies_proposals")
+        tokens = prompt(ready, 6, seed=20)
+        plain = list(tokens)  # a greedy continuation of five tokens, one a step
+        for step in range(5):
+            start = 0 if step == 0 else len(plain) - 1
+            out = ready.execute(
+                ExecutionBatch([scheduled(0, plain, start, len(plain) - start, [0, 1, 2, 3])], BLOCK_SIZE)
+            )
+            plain.append(out.sampled_token_ids[0])
+        first, after = plain[6], plain[7:]
+        vocab_size = ready.model_info.vocab_size
+        proposed = [*after[:num_right], (after[num_right] + 1) % vocab_size][:3]
+        ready.execute(ExecutionBatch([scheduled(1, tokens, 0, 6, [4, 5, 6, 7])], BLOCK_SIZE))
+        sequence = ScheduledSequence(
+            seq_id=1,
+            token_ids=[first, *proposed],
+            start_position=6,
+            block_table=[4, 5, 6, 7],
+            do_sample=True,
+            params=GREEDY,
+            all_token_ids=[*tokens, first],
+            num_prompt_tokens=6,
+            seed=None,
+            num_proposed=len(proposed),
+        )
+        out = ready.execute(ExecutionBatch([sequence], BLOCK_SIZE))
+        assert out.num_accepted == {1: num_right}
+        assert out.sampled_token_ids[1] == after[num_right]
