@@ -322,7 +322,7 @@ class InferenceEngine:
                 continue
             room = min(seq.request.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
             if room > 1:  # the step's own token takes one place
-                requests.append(ProposalRequest(seq.seq_id, seq.token_ids, seq.num_prompt_tokens, room - 1))
+                requests.append(ProposalRequest(seq.seq_id, list(seq.token_ids), seq.num_prompt_tokens, room - 1))
         return self.speculation.propose(requests)
 
     def _take_inbox(self, finished: list[Request]) -> None:

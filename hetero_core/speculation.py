@@ -38,7 +38,7 @@ class ProposalRequest:
     """One decoding sequence, as a speculator sees it. Read-only."""
 
     seq_id: int
-    token_ids: list[int]  # the prompt, then the output so far; the speculator's proposals follow the last
+    token_ids: list[int]  # the prompt, then the output so far (a copy); the proposals follow the last
     num_prompt_tokens: int
     max_proposals: int  # propose at most this many (always at least 1)
 

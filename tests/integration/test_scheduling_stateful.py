@@ -4,7 +4,9 @@ A hypothesis state machine submits, aborts and steps, and after every step
 checks the budgets, block accounting (every used block is in the table of
 a running sequence, so finishing, aborting or preempting sibling samples
 leaks none) and the policy's admission order (for ``lpm``: that no
-request is passed over by more than ``max_overtakes`` later arrivals); at
+request is passed over by more than ``max_overtakes`` later arrivals); with
+or without the ``ngram`` speculator, whose guesses are mostly wrong here
+(the mock's tokens are hashes), so their slots are taken and trimmed; at
 the end it drains the engine and checks that every request ended exactly
 once, with all of its samples and a truthful finish reason, and that no
 block leaked.
@@ -38,6 +40,7 @@ class EngineWorkload(RuleBasedStateMachine):
         threshold=st.sampled_from([0.5, 0.9, 1.0]),
         prefix_caching=st.booleans(),
         eos=st.sampled_from([0.0, 0.1]),
+        speculator=st.sampled_from([None, {"name": "ngram", "k": 3, "min_ngram": 1, "patience": 1000}]),
     )
     def build(
         self,
@@ -50,6 +53,7 @@ class EngineWorkload(RuleBasedStateMachine):
         threshold,
         prefix_caching,
         eos,
+        speculator,
     ) -> None:
         self.engine = InferenceEngine(
             plugin_config(
@@ -63,6 +67,7 @@ class EngineWorkload(RuleBasedStateMachine):
                 max_model_len=num_blocks * block_size,
                 cache_allocator={"name": "paged", "enable_prefix_caching": prefix_caching},
                 executor={"name": "mock", "eos_probability": eos},
+                speculator=speculator,
             )
         )
         key = getattr(self.engine.policy, "key", None)  # fcfs and priority: a total order
@@ -71,9 +76,9 @@ class EngineWorkload(RuleBasedStateMachine):
         self.plans: list[SchedulerOutput] = []
         schedule = self.engine.scheduler.schedule
 
-        def recording_schedule() -> SchedulerOutput:
+        def recording_schedule(proposals=None) -> SchedulerOutput:
             before = {s.seq_id for s in self.engine.scheduler.waiting if s.num_preemptions == 0}
-            plan = schedule()
+            plan = schedule(proposals)
             self.check_plan(plan, before)
             return plan
 
@@ -88,7 +93,7 @@ class EngineWorkload(RuleBasedStateMachine):
         scheduler = self.engine.scheduler
         assert len(plan.work) <= config.max_batch_size
         assert sum(w.num_new_tokens for w in plan.work) <= config.max_total_tokens
-        assert all(w.num_new_tokens >= 1 for w in plan.work)
+        assert all(w.num_new_tokens >= 1 + len(w.proposed) for w in plan.work)
         assert len({w.seq.seq_id for w in plan.work}) == len(plan.work)
         assert len(scheduler.running) <= config.max_num_seqs
         # Admission follows the policy: a sequence admitted for the first time goes
