@@ -54,6 +54,7 @@ log = get_logger(__name__)
 ENGINE_POINTS = ("tokenizer", "executor", "cache_allocator", "scheduler")  # resolved when the engine is built
 
 OnOutput = Callable[[StreamDelta], None]
+MAX_PROPOSALS = 64  # per sequence and step, where the executor names no bound
 
 
 class InferenceEngine:
@@ -151,6 +152,7 @@ class InferenceEngine:
                 f" cache allocator plugin {self.plugin_names['cache_allocator']!r} has none",
                 param="speculator",
             )
+        self._max_proposals = getattr(self.executor, "max_proposals", MAX_PROPOSALS)
         speculator = registry.create("speculator", spec.name, spec.options, self.config, self.model_info, registry)
         return Speculation(speculator, registry.get("speculator", spec.name).plugin, self.model_info.vocab_size)
 
@@ -320,9 +322,10 @@ class InferenceEngine:
         for seq in self.scheduler.running:
             if not self.scheduler.is_decoding(seq):
                 continue
-            room = min(seq.request.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
-            if room > 1:  # the step's own token takes one place
-                requests.append(ProposalRequest(seq.seq_id, list(seq.token_ids), seq.num_prompt_tokens, room - 1))
+            room = min(seq.request.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+            room = min(room, self._max_proposals)  # the step's own token takes one place
+            if room > 0:
+                requests.append(ProposalRequest(seq.seq_id, list(seq.token_ids), seq.num_prompt_tokens, room))
         return self.speculation.propose(requests)
 
     def _take_inbox(self, finished: list[Request]) -> None:

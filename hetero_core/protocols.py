@@ -287,6 +287,13 @@ class Executor(Protocol):
     :meth:`kv_cache_block_bytes` to size the pool from a memory budget, then
     calls :meth:`initialize_cache` once, :meth:`warm_up` once, then
     :meth:`execute` once per step, and :meth:`close` at shutdown.
+
+    Speculative decoding needs an executor that declares
+    ``verifies_proposals = True`` (see
+    :class:`~hetero_core.batch.ScheduledSequence`); it may also declare
+    ``max_proposals``, the most proposals one sequence's step should carry
+    (beyond it a step costs out of proportion, e.g. kernels that take a
+    bounded number of rows). Without them it never sees a proposal.
     """
 
     @property

@@ -214,3 +214,28 @@ def test_an_executor_that_cannot_verify_is_refused_by_name() -> None:
 def test_an_unknown_speculator_lists_the_installed_ones() -> None:
     with pytest.raises(ConfigError, match="unknown speculator 'nope'; installed: none"):
         InferenceEngine(mock_config(speculator="nope"), plugin_manager=core_plugin_manager())
+
+
+def test_the_executors_max_proposals_bounds_every_request() -> None:
+    class Bounded:
+        @hookimpl
+        def register_executors(self, register) -> None:
+            from hetero_core.builtin.mock_executor import MockExecutor
+
+            class TwoAtMost(MockExecutor):
+                max_proposals = 2
+
+            register("two-at-most", TwoAtMost)
+
+    oracle = OracleSpeculator({}, 0.0, 8)
+
+    class Plugin:
+        @hookimpl
+        def register_speculators(self, register) -> None:
+            register("test", lambda config, model_info, components: oracle)
+
+    pm = core_plugin_manager((Bounded(), "bounded"), (Plugin(), "test-speculator"))
+    engine = InferenceEngine(mock_config(speculator="test", executor="two-at-most"), plugin_manager=pm)
+    engine.generate(PROMPTS, GenerationParams(temperature=0.0, max_tokens=10))
+    assert oracle.asked and all(max_proposals <= 2 for _, _, max_proposals in oracle.asked)
+    engine.close()

@@ -254,6 +254,12 @@ class TorchExecutor:
     def model_info(self) -> ModelInfo:
         return self._info
 
+    @property
+    def max_proposals(self) -> int:
+        """Proposals a sequence's step carries at most: its rows stay within what every packed layer multiplies
+        without widening its weights (a widening costs several decode steps)."""
+        return packed_rows(self.model) - 1
+
     def kv_cache_block_bytes(self, block_size: int) -> int:
         config = self.model_config
         element = torch.tensor([], dtype=self.kv_cache_dtype).element_size()
