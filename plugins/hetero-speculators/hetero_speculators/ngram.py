@@ -10,7 +10,8 @@ tokens after that occurrence are the proposal.
 
 How many it proposes adapts per sequence: after a step that kept every
 proposal the bound grows by 2 (up to ``k``), after one that kept some it
-becomes one more than were kept, and after ``patience`` steps in a row that
+becomes one more than were kept (at least 3: a step of one to three
+proposals costs about the same), and after ``patience`` steps in a row that
 kept none the sequence proposes nothing for a while: 8 steps, doubling at
 each further failure up to 256, so a workload where guesses fail costs
 almost nothing.
@@ -28,6 +29,7 @@ from hetero_core.speculation import ProposalRequest
 from hetero_core.validators import number_in
 
 FIRST_PAUSE = 8  # steps without proposals after the first run of failures
+MIN_BOUND = 3  # on the CPU a verification step of 2 to 4 rows costs about the same
 MAX_PAUSE = 256
 
 
@@ -96,7 +98,7 @@ class NgramSpeculator:
         if num_accepted == num_proposed:
             state.bound = min(self.k, state.bound + 2)
         else:
-            state.bound = max(1, num_accepted + 1)
+            state.bound = max(MIN_BOUND, num_accepted + 1)
         if num_accepted:
             state.failures, state.next_pause = 0, FIRST_PAUSE
             return

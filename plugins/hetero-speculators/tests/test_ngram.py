@@ -46,17 +46,19 @@ def test_the_index_grows_with_the_sequence() -> None:
 
 
 def test_the_bound_adapts_and_failures_pause_proposals() -> None:
-    speculator = NgramSpeculator(k=6, min_ngram=1, max_ngram=1, patience=2)
-    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1]
-    assert propose(speculator, tokens) == [2, 3, 4, 5, 6, 7]
-    speculator.observe(0, 6, 1)  # one kept: the bound drops to 2
-    assert propose(speculator, tokens) == [2, 3]
-    speculator.observe(0, 2, 2)  # all kept: it grows by 2
-    assert propose(speculator, tokens) == [2, 3, 4, 5]
-    speculator.observe(0, 4, 0)
-    speculator.observe(0, 1, 0)  # `patience` failures in a row: a pause
+    speculator = NgramSpeculator(k=7, min_ngram=1, max_ngram=1, patience=2)
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]
+    assert propose(speculator, tokens) == [2, 3, 4, 5, 6, 7, 8]
+    speculator.observe(0, 7, 4)  # four kept: the bound drops to 5
+    assert propose(speculator, tokens) == [2, 3, 4, 5, 6]
+    speculator.observe(0, 5, 0)  # none kept: the bound drops to its floor
+    assert propose(speculator, tokens) == [2, 3, 4]
+    speculator.observe(0, 3, 3)  # all kept: it grows by 2
+    assert propose(speculator, tokens) == [2, 3, 4, 5, 6]
+    speculator.observe(0, 5, 0)
+    speculator.observe(0, 3, 0)  # `patience` failures in a row: a pause
     assert [propose(speculator, tokens) for _ in range(FIRST_PAUSE)] == [[]] * FIRST_PAUSE
-    assert propose(speculator, tokens) == [2]
+    assert propose(speculator, tokens) == [2, 3, 4]
 
 
 def test_options_are_checked_by_name() -> None:
