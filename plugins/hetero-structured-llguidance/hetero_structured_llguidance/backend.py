@@ -18,13 +18,12 @@ from hetero_core.errors import ExecutionError, ValidationError
 from hetero_core.logs import get_logger
 from hetero_core.protocols import Tokenizer
 from hetero_core.structured_output import ConstraintKind, StructuredOutput, allowed_token_ids, num_bitmask_words
-from hetero_structured_llguidance.limits import GrammarLimits, passed_bound, refusal
+from hetero_structured_llguidance.limits import MAX_MASK_THREADS, GrammarLimits, passed_bound, refusal
 from hetero_structured_llguidance.tool_calls import tool_calls_grammar
 from hetero_structured_llguidance.vocabulary import llguidance_tokenizer
 
 ANY_JSON_OBJECT = {"type": "object"}
 FIRST_TOKENS_TRIED = 8  # at compile time, allowed first tokens each taken on a copy
-MAX_MASK_THREADS = 32
 
 log = get_logger(__name__)
 

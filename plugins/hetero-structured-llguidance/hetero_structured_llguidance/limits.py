@@ -4,14 +4,23 @@ Each bound is an option of the backend (``"structured_output": {"name":
 "llguidance", "max_items_in_row": 20000}``); llguidance reports passing one
 in its own words, which :func:`refusal` turns into a ``ValidationError``
 naming the option and its value.
+
+The plugin's options are built from these bounds when it registers, so this
+module imports llguidance only when a backend asks for its parser limits.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
-import llguidance
 
 from hetero_core.errors import ValidationError
+
+if TYPE_CHECKING:
+    import llguidance
+
+MAX_MASK_THREADS = 32  # the most threads one backend computes its masks on
 
 
 @attrs.frozen
@@ -24,6 +33,8 @@ class GrammarLimits:
     step_max_items: int = 50_000  # parser items one token may create
 
     def parser_limits(self) -> llguidance.LLParserLimits:
+        import llguidance
+
         return llguidance.LLParserLimits(
             max_grammar_size=self.max_grammar_size,
             initial_lexer_fuel=self.compile_fuel,

@@ -1,16 +1,18 @@
-"""Registers the ``llguidance`` structured-output backend."""
+"""Registers the ``llguidance`` structured-output backend (llguidance loads when a backend is built)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from hetero_core.errors import ConfigError
 from hetero_core.hookspecs import Register, hookimpl
 from hetero_core.validators import boolean, number_in
-from hetero_structured_llguidance.backend import MAX_MASK_THREADS, LLGuidanceBackend
-from hetero_structured_llguidance.limits import GrammarLimits
+from hetero_structured_llguidance.limits import MAX_MASK_THREADS, GrammarLimits
+
+if TYPE_CHECKING:
+    from hetero_structured_llguidance.backend import LLGuidanceBackend
 
 DEFAULT_LIMITS = GrammarLimits()
 
@@ -43,6 +45,8 @@ def llguidance_backend(
     mask_threads: int | None = None,
     **limits: int,
 ) -> LLGuidanceBackend:
+    from hetero_structured_llguidance.backend import LLGuidanceBackend
+
     return LLGuidanceBackend(
         tokenizer,
         whitespace_flexible=whitespace_flexible,
