@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import subprocess
 import sys
 import textwrap
 import types
@@ -221,6 +223,30 @@ def test_the_project_plugins_are_found_through_entry_points(
         pytest.skip(f"{distribution} is not installed (pip install -e plugins/{distribution})")
     assert installed_listing[plugin]["version"] == version
     assert {point: sorted(names) for point, names in installed_listing[plugin]["components"].items()} == components
+
+
+# Libraries that only some plugin's components use: loading a plugin to register names must not import them.
+COMPONENT_LIBRARIES = ("fastapi", "uvicorn", "llguidance", "ray", "numba")
+
+LOAD_EACH_PLUGIN = """
+import importlib.metadata, json, sys
+imported = {}
+for entry_point in importlib.metadata.entry_points(group="hetero_infer"):
+    before = set(sys.modules)
+    entry_point.load()
+    imported[entry_point.name] = sorted(set(sys.argv[1:]) & (set(sys.modules) - before))
+print(json.dumps(imported))
+"""
+
+
+@pytest.mark.integration  # the installed plugins, through their entry points, in a fresh interpreter
+def test_loading_the_installed_plugins_imports_no_component_library() -> None:
+    loaded = subprocess.run(
+        [sys.executable, "-c", LOAD_EACH_PLUGIN, *COMPONENT_LIBRARIES], check=True, capture_output=True, text=True
+    )
+    imported = json.loads(loaded.stdout)
+    assert {"serve-openai", "structured-llguidance", "numba-cuda"} <= set(imported)
+    assert {plugin: libraries for plugin, libraries in imported.items() if libraries} == {}
 
 
 def write_distribution(root, name: str, module: str, source: str) -> None:
