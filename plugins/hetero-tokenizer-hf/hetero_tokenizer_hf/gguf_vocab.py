@@ -100,11 +100,12 @@ def _byte_level_tokenizer(metadata: GGUFMetadata) -> Tokenizer:
     tokens: list[str] = metadata.require("tokenizer.ggml.tokens")
     merges: list[str] = metadata.require("tokenizer.ggml.merges")
     token_types: list[int] = metadata.get("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens)
+    control, user_defined = int(gguf.TokenType.CONTROL), int(gguf.TokenType.USER_DEFINED)  # plain ints compare faster
     alphabet = gpt2_byte_alphabet()
     spelled = set(alphabet.values())
 
     def spell(token: str) -> str:  # a token written in plain text instead of the byte alphabet
-        return token if set(token) <= spelled else "".join(alphabet[byte] for byte in token.encode("utf-8"))
+        return token if spelled.issuperset(token) else "".join(alphabet[byte] for byte in token.encode("utf-8"))
 
     vocab = {spell(token): index for index, token in enumerate(tokens)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(merge.split(" ")) for merge in merges], fuse_unk=False))
@@ -116,14 +117,14 @@ def _byte_level_tokenizer(metadata: GGUFMetadata) -> Tokenizer:
         [
             AddedToken(token, special=True, normalized=False)
             for token, kind in zip(tokens, token_types, strict=True)
-            if kind == gguf.TokenType.CONTROL and set(token) <= spelled
+            if kind == control and spelled.issuperset(token)
         ]
     )
     tokenizer.add_tokens(
         [
             AddedToken(token, special=False, normalized=False)
             for token, kind in zip(tokens, token_types, strict=True)
-            if kind == gguf.TokenType.USER_DEFINED and token in vocab
+            if kind == user_defined and token in vocab
         ]
     )
     return tokenizer
