@@ -49,9 +49,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-allocator", help="cache allocator component name (paged, ...)")
     group.add_argument("--executor", help="executor component name (torch, numba-cuda, mock, ...)")
     group.add_argument("--structured-output", help="structured-output backend name (llguidance, ...)")
-    group.add_argument(
-        "--speculator", help="speculative decoding: a speculator name (ngram, draft, ...); default none"
-    )
+    group.add_argument("--speculator", help="speculative decoding: a speculator name (ngram, draft, ...); default none")
     group.add_argument(
         "-o",
         "--option",

@@ -29,7 +29,9 @@ GREEDY = GenerationParams(temperature=0.0, max_tokens=32)
 
 def model_engine(**overrides) -> InferenceEngine:
     return InferenceEngine(
-        EngineConfig(executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, max_num_blocks=256, **overrides)
+        EngineConfig(
+            executor={"name": "torch", "dtype": "float32"}, max_model_len=1024, max_num_blocks=256, **overrides
+        )
     )
 
 
@@ -79,9 +81,10 @@ def test_seeded_samples_logprobs_and_siblings_are_plain_decodings(plain, specula
 
 def test_stop_strings_and_structured_output_hold_with_proposals(plain, speculative) -> None:
     stop = GenerationParams(temperature=0.0, max_tokens=40, stop=["ships"])
-    assert chat(speculative, WORKLOADS["quote"], stop).outputs[0].text == chat(
-        plain, WORKLOADS["quote"], stop
-    ).outputs[0].text
+    assert (
+        chat(speculative, WORKLOADS["quote"], stop).outputs[0].text
+        == chat(plain, WORKLOADS["quote"], stop).outputs[0].text
+    )
     schema = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
