@@ -38,15 +38,15 @@ import time
 from typing import Callable, Sequence
 
 import numpy as np
-import structlog
 import torch
 from torch.overrides import TorchFunctionMode
 
+from hetero_core.logs import get_logger
 from hetero_core.step_layout import StepLayout
 from hetero_executor_torch.attention_backend import AttentionBackend
 from hetero_executor_torch.model import LlamaModel
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 Replay = Callable[[], None]
 Capture = Callable[[Callable[[], None]], Replay]

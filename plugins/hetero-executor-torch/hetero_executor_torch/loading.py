@@ -24,18 +24,18 @@ from typing import Callable
 import attrs
 import gguf
 import numpy as np
-import structlog
 import torch
 from safetensors import safe_open
 
 from hetero_core.errors import ConfigError
 from hetero_core.gguf_header import GGUFHeader, TensorInfo, read_gguf_header
+from hetero_core.logs import get_logger
 from hetero_core.model_source import parse
 from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
 from hetero_executor_torch.quantized import ByteQuantized, GroupQuantized, Weight, fine_groups_run_packed
 
-log = structlog.get_logger()
+log = get_logger(__name__)
 
 T = gguf.GGMLQuantizationType
 PACKED_TYPES = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.Q3_K, T.Q4_K, T.Q5_K}  # see gguf_blocks

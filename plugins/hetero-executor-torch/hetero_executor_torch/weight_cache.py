@@ -47,11 +47,12 @@ from typing import Any, Callable, Mapping, TypeVar
 
 import attrs
 import numpy as np
-import structlog
 import torch
 import xxhash
 
-log = structlog.get_logger()
+from hetero_core.logs import get_logger
+
+log = get_logger(__name__)
 T = TypeVar("T")
 
 MAGIC = b"hetero-weights\x00\x02"
