@@ -56,7 +56,7 @@ def test_chat_completion_and_responses_are_the_same_with_speculation(model_serve
     ]
     assert texts[0].choices[0].text == texts[1].choices[0].text
     responses = [
-        c.responses.create(model="smollm2", input=CHAT[0]["content"], max_output_tokens=24)
+        c.responses.create(model="smollm2", input=CHAT[0]["content"], max_output_tokens=24, temperature=0)
         for c in (plain, speculative)
     ]
     assert responses[0].output_text == responses[1].output_text

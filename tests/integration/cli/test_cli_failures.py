@@ -108,7 +108,7 @@ def test_component_options_and_the_cache_allocator_flag() -> None:
         (
             ["-o", "server=1"],
             "--option takes COMPONENT.KEY=VALUE with COMPONENT one of tokenizer, scheduler, cache_allocator,"
-            " executor, structured_output, server,",
+            " executor, structured_output, speculator, server,",
         ),
         (["--cache-allocator", "pagd"], "unknown cache_allocator 'pagd'; installed: 'paged'"),
         (["--block-size", "1000000000"], "block_size must be an integer in [1, 1024], got 1000000000"),
