@@ -193,7 +193,7 @@ def greedy_chats(speculator: dict | None = None):
     """The tokens of greedy replies to CHATS on the embedded model in float32, and the engine's metrics; no block
     is left held, in the engine or in the draft."""
     params = GenerationParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    executor = {"name": "torch", "dtype": "float32", "weights": "dense"}
+    executor = {"name": "torch", "dtype": "float32"}
     engine = InferenceEngine(EngineConfig(executor=executor, max_model_len=256, speculator=speculator))
     ids = [engine.submit_chat(chat, params) for chat in CHATS]
     records = {r.request_id: r for r in engine.run()}
@@ -212,7 +212,7 @@ def plain_tokens() -> list[list[int]]:
 @pytest.mark.model
 @pytest.mark.integration  # the torch executor and the Hugging Face tokenizer, through their entry points
 def test_the_embedded_model_drafting_for_itself_keeps_every_proposal(plain_tokens) -> None:
-    tokens, metrics = greedy_chats({"name": "draft", "executor_options": {"dtype": "float32", "weights": "dense"}})
+    tokens, metrics = greedy_chats({"name": "draft", "executor_options": {"dtype": "float32"}})
     assert tokens == plain_tokens
     assert metrics.speculative_accepted_tokens == metrics.speculative_proposed_tokens > 0
 
