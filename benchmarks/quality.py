@@ -181,6 +181,16 @@ def decoded_together(executor: TorchExecutor, samples: list[tuple[list[int], lis
     return [torch.cat(r) for r in rows]
 
 
+def path_logits(path: str, executor: TorchExecutor, samples: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Each chat's logits predicting its answer tokens, computed along ``path``."""
+    if path == "decode-batch":
+        return decoded_together(executor, samples)
+    if path == "batched":
+        return [whole_pass(executor, p + a)[len(p) - 1 : -1] for p, a in samples]
+    one = batch_one if path == "batch-1" else verified
+    return [one(executor, p, a) for p, a in samples]
+
+
 def blocks_per_chat(samples: list[tuple[list[int], list[int]]]) -> int:
     """Cache blocks that hold the longest prompt + answer."""
     return -(-max(len(p) + len(a) for p, a in samples) // BLOCK)
@@ -240,35 +250,13 @@ def main() -> None:
         executor = TorchExecutor(config, **CONFIGS[name])
         executor.initialize_cache(len(samples) * blocks_per_chat(samples), BLOCK)
         with torch.inference_mode():
-            if "batch-1" in paths:
+            for path in paths:
                 started = time.monotonic()
                 report(
-                    f"hetero {name} batch-1",
-                    [compare(batch_one(executor, p, a), r) for (p, a), r in zip(samples, references, strict=True)],
-                    time.monotonic() - started,
-                )
-            if "decode-batch" in paths:
-                started = time.monotonic()
-                together = decoded_together(executor, samples)
-                report(
-                    f"hetero {name} decode-batch",
-                    [compare(logits, r) for logits, r in zip(together, references, strict=True)],
-                    time.monotonic() - started,
-                )
-            if "verify-8" in paths:
-                started = time.monotonic()
-                report(
-                    f"hetero {name} verify-8",
-                    [compare(verified(executor, p, a), r) for (p, a), r in zip(samples, references, strict=True)],
-                    time.monotonic() - started,
-                )
-            if "batched" in paths:
-                started = time.monotonic()
-                report(
-                    f"hetero {name} batched",
+                    f"hetero {name} {path}",
                     [
-                        compare(whole_pass(executor, p + a)[len(p) - 1 : -1], r)
-                        for (p, a), r in zip(samples, references, strict=True)
+                        compare(logits, r)
+                        for logits, r in zip(path_logits(path, executor, samples), references, strict=True)
                     ],
                     time.monotonic() - started,
                 )
