@@ -2,6 +2,7 @@
 with and without prompt lookup, each run in its own process.
 
     python benchmarks/speculative.py [--modes batch-1,32-at-once] [--peers hetero,hetero-ngram,...]
+        [--peers-at-once hetero,hetero-ngram]
         [--k 8] [--ngram-option min_ngram=1 ...] [--max-tokens 200] [--prompts 3] [--repeats 1]
         [--show] [--json PATH]
 
@@ -347,9 +348,12 @@ def run_llama_cpp(peer: str, by_kind: dict, args: argparse.Namespace) -> dict:
 
     path = resolve_model_path(None)
     proposed = LOOKUP_PEERS[peer]
+    # With a draft model, llama-cpp-python 0.3 reads every position's logits but keeps rows for only n_batch
+    # positions unless logits_all is passed: a sequence past them would fail.
     llm = Llama(
         model_path=str(path),
         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=proposed) if proposed else None,
+        logits_all=bool(proposed),
         n_ctx=2048,
         n_batch=512,
         n_threads=args.threads,
@@ -561,6 +565,7 @@ def main() -> None:
                 {
                     "round": repeat + 1,
                     "mode": mode,
+                    "load_average_1min": os.getloadavg()[0],
                     "configs": {peer: r["config"] for peer, r in results.items()},
                     "figures": summary,
                     "identical_outputs": {k: v for k, v in identical.items() if v is not None},
