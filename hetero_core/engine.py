@@ -322,8 +322,9 @@ class InferenceEngine:
         for seq in self.scheduler.running:
             if not self.scheduler.is_decoding(seq):
                 continue
+            # the step's own token takes one place of the request's room
             room = min(seq.request.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-            room = min(room, self._max_proposals)  # the step's own token takes one place
+            room = min(room, self._max_proposals)
             if room > 0:
                 requests.append(ProposalRequest(seq.seq_id, list(seq.token_ids), seq.num_prompt_tokens, room))
         return self.speculation.propose(requests)
