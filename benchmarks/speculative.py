@@ -41,7 +41,9 @@ import sys
 import time
 from pathlib import Path
 
-MARK = "RESULT "
+sys.path.insert(0, str(Path(__file__).parent))
+import child_process  # noqa: E402
+
 MODES = ("batch-1", "32-at-once")
 ENGINE_PEERS = {  # peer -> (executor options, speculates)
     "hetero": ({}, False),
@@ -406,14 +408,7 @@ def run_child(peer: str, mode: str, args: argparse.Namespace) -> dict:
 
 
 def spawn(peer: str, mode: str, argv: list[str]) -> dict | None:
-    done = subprocess.run(
-        [sys.executable, __file__, *argv, "--child", f"{peer}:{mode}"], capture_output=True, text=True
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
-    if done.returncode or not lines:
-        print(f"  {peer} ({mode}) failed (exit {done.returncode}):\n{done.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return json.loads(lines[-1][len(MARK) :])
+    return child_process.spawn(__file__, f"{peer}:{mode}", f"{peer} ({mode})", argv)
 
 
 def figures(kind: dict) -> dict:
@@ -514,7 +509,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         peer, mode = args.child.split(":")
-        print(MARK + json.dumps(run_child(peer, mode, args)), flush=True)
+        child_process.report(run_child(peer, mode, args))
         return
     modes = args.modes.split(",")
     chosen = {

@@ -33,14 +33,13 @@ RSS, and the memory bandwidth is the GPU's.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import child_process  # noqa: E402
 from workload import WORKLOADS, Request, percentile, workload  # noqa: E402
 
 HETERO_PEERS = {
@@ -51,7 +50,6 @@ HETERO_PEERS = {
     "hetero-fp32": {"dtype": "float32", "weights": "dense"},
 }
 PEERS = (*HETERO_PEERS, "transformers-bf16", "transformers-fp32", "llama-cpp")
-MARK = "RESULT "
 DECODE_GRAPHS = {"auto": "auto", "true": True, "false": False}
 CONSTRAINED = {"hetero-json"}
 RECORDS = {  # an array of at least 50 small records: structure, integers, bounded strings and booleans
@@ -256,14 +254,7 @@ def run_child(peer: str, name: str, args: argparse.Namespace) -> dict:
 
 
 def spawn(peer: str, name: str, argv: list[str]) -> dict | None:
-    done = subprocess.run(
-        [sys.executable, __file__, *argv, "--child", f"{peer}:{name}"], capture_output=True, text=True
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
-    if done.returncode or not lines:
-        print(f"  {peer} on {name} failed (exit {done.returncode}):\n{done.stderr[-2000:]}", file=sys.stderr)
-        return None
-    return json.loads(lines[-1][len(MARK) :])
+    return child_process.spawn(__file__, f"{peer}:{name}", f"{peer} on {name}", argv)
 
 
 def describe(peer: str, r: dict) -> str:
@@ -347,7 +338,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         peer, name = args.child.split(":")
-        print(MARK + json.dumps(run_child(peer, name, args)), flush=True)
+        child_process.report(run_child(peer, name, args))
         return
     from peers import llama_cpp_available
 
