@@ -106,7 +106,7 @@ class Grammars:
                     seq.matcher = self.backend().new_matcher(seq.request.grammar)
                 rows.append(row)
             except Exception as exc:  # the grammar engine's fault: this sample fails alone
-                problems[seq.seq_id] = self._failed(f"{type(exc).__name__}: {exc}", exc)
+                problems[seq.seq_id] = self.failed(exc)
         if len(rows) > 1 and isinstance(self._backend, BatchMaskFiller):
             together = self._fill_together(self._backend, [seqs[row].matcher for row in rows], bitmask, rows)
             if together is not None:
@@ -118,7 +118,7 @@ class Grammars:
             try:
                 seqs[row].matcher.fill_bitmask(bitmask, row)
             except Exception as exc:  # this sample fails alone
-                problems[seqs[row].seq_id] = self._failed(f"{type(exc).__name__}: {exc}", exc)
+                problems[seqs[row].seq_id] = self.failed(exc)
         return bitmask, problems
 
     def allowed_tokens_along(self, seq: Sequence, proposed: list[int]) -> tuple[np.ndarray, int]:
