@@ -1,0 +1,260 @@
+"""Group-quantized weights in one packed layout for every row count: packing, the portable matmul, widening.
+
+GGUF's weight types reduce to two exact forms (see the torch executor's
+``quantized`` module): 4-bit ``w = scale * q + minimum`` with ``q`` in 0..15
+per group of 32 inputs, and 8-bit ``w = scale * q + offset`` with ``q`` in
+-128..127 per group of 32 or 16. Both are packed here the same way, sixteen
+output rows interleaved, so that a 64-byte vector holds four consecutive
+inputs of sixteen rows: one ``vpdpbusd`` (:mod:`hetero_kernels.cpu_packed_vnni`)
+multiplies sixteen rows by four inputs of one activation row, and the
+weights loaded for a group serve every activation row of the step::
+
+    weights [blocks, groups, vectors, 64]        block b = output rows 16b .. 16b + 15
+    vector k of a group, byte 4 * r + i  ->  row 16b + r, input i of the vector's four
+
+    4-bit (uint8, 4 vectors a group of 32):  vector k holds inputs 4k .. 4k+3 in its low
+                                             nibbles and 16 + 4k .. 16 + 4k + 3 in its high ones
+    8-bit (int8, 8 vectors a group of 32,    vector k holds inputs 4k .. 4k+3, the signed
+           or 4 a group of 16):              bytes as the file has them
+
+    factors [blocks, groups, 2, 16]           the group's 16 scales, then its 16 minimums:
+                                             float16 bits (uint16) where that holds every one
+                                             exactly (GGUF's own factors), else float32
+
+The minimums are what the arithmetic adds per unit of ``sum(x)``: ``w = scale
+* q + minimum`` for 4-bit weights and, since the kernels read an 8-bit ``q``
+as ``q + 128`` (unsigned, as ``vpdpbusd`` takes its first operand), ``w =
+scale * (q + 128) + minimum`` with ``minimum = offset - 128 * scale`` for
+8-bit ones. A last block with fewer than sixteen rows is padded with zero
+weights, never written out.
+
+Activations are quantized per group of 32 to 16-bit integers ``x = step *
+v``, ``|v| <= 32639`` (:func:`quantize_rows`), over a hundred times finer
+than bfloat16; each group's sum is then ``scale * step * sum(q * v) +
+minimum * step * sum(v)``, the integer sums exact.
+
+:func:`matmul` is the portable twin: plain Numba over the same layout and
+arithmetic, on any CPU, and the oracle the SIMD kernel is tested against.
+:func:`unpack` widens rows back to float32 or bfloat16 (a many-row step's
+dense matmul, an embedding lookup).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import overload
+
+from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32
+from hetero_kernels.elements import get, put
+
+ROWS = 16  # output rows interleaved in a vector
+LANE = 4  # consecutive inputs of a row in a vector
+VECTOR = ROWS * LANE  # bytes
+GROUP_SIZE = 32
+FINE_GROUP_SIZE = 16  # the 8-bit groups GGUF's Q6_K and Q2_K scale
+LIMIT = np.float32(32639.0)  # the largest |v|: 256 * 127 + 127, so that its high byte stays signed
+SMALLEST_STEP = np.float32(1e-30)  # finer steps would overflow their inverse
+_OPTIONS = dict(fastmath=True, cache=True)
+
+
+def blocks_of(rows: int) -> int:
+    return -(-rows // ROWS)
+
+
+def _interleaved(values: np.ndarray, group: int) -> np.ndarray:
+    """``values`` ``[out, in]`` as ``[blocks, groups, group // 4, 64]``, zero rows padding the last block."""
+    rows, size = values.shape
+    blocks = blocks_of(rows)
+    padded = np.zeros((blocks * ROWS, size), values.dtype)
+    padded[:rows] = values
+    grid = padded.reshape(blocks, ROWS, size // group, group // LANE, LANE)
+    return np.ascontiguousarray(grid.transpose(0, 2, 3, 1, 4)).reshape(blocks, size // group, group // LANE, VECTOR)
+
+
+def _factors(scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
+    """``[blocks, groups, 2, 16]``: each group's scales then minimums, as float16 bits where exact."""
+    rows, groups = scale.shape
+    blocks = blocks_of(rows)
+    both = np.zeros((blocks * ROWS, groups, 2), np.float32)
+    both[:rows, :, 0], both[:rows, :, 1] = scale, minimum
+    laid = np.ascontiguousarray(both.reshape(blocks, ROWS, groups, 2).transpose(0, 2, 3, 1))
+    with np.errstate(over="ignore"):  # beyond float16's range: inf, which compares unequal
+        halves = laid.astype(np.float16)
+    return halves.view(np.uint16) if np.array_equal(halves.astype(np.float32), laid) else laid
+
+
+def _check(size: int, groups: int, sizes: tuple[int, ...]) -> int:
+    if size % GROUP_SIZE:
+        raise ValueError(f"input size {size} is not a multiple of {GROUP_SIZE}")
+    if groups == 0 or size % groups or size // groups not in sizes:
+        raise ValueError(f"{groups} factors per row of {size} inputs: groups must be {' or '.join(map(str, sizes))}")
+    return size // groups
+
+
+def pack4(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """4-bit weights ``scale * q + minimum`` (``q`` ``[out, in]`` 0..15, ``in`` a multiple of 32; ``scale``
+    and ``minimum`` ``[out, in // 32]``) as ``(weights, factors)`` in the layout above."""
+    _check(q.shape[1], scale.shape[1], (GROUP_SIZE,))
+    q = np.asarray(q, np.uint8)
+    half = GROUP_SIZE // 2
+    grouped = q.reshape(q.shape[0], -1, GROUP_SIZE)
+    nibbles = (grouped[..., :half] | (grouped[..., half:] << 4)).reshape(q.shape[0], -1)
+    return _interleaved(nibbles, half), _factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32))
+
+
+def pack8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """8-bit weights ``scale * q + offset`` (``q`` ``[out, in]`` int8, ``in`` a multiple of 32; ``scale``
+    and ``offset`` ``[out, in // 32]`` or ``[out, in // 16]``, the offset zero where None, as in Q8_0)
+    as ``(weights, factors)`` in the layout above, the minimums ``offset - 128 * scale``."""
+    group = _check(q.shape[1], scale.shape[1], (GROUP_SIZE, FINE_GROUP_SIZE))
+    scale = np.asarray(scale, np.float32)
+    minimum = np.float32(-128.0) * scale
+    if offset is not None:
+        minimum = minimum + np.asarray(offset, np.float32)
+    return _interleaved(np.asarray(q, np.int8), group), _factors(scale, minimum)
+
+
+@njit(**_OPTIONS)
+def quantize_rows(x, group):
+    """Activation rows ``x`` ``[T, in]`` (float32 or bfloat16 bits) as ``v = 256 * high + low`` per group of
+    32, ``high`` and ``low`` signed bytes ``[T, in]``, with ``token_factors`` ``[T, in // group, 2]``: for
+    each group of ``group`` inputs (32 or 16), its step (that of the group of 32 it lies in), then the
+    step times the sum of its ``v``."""
+    rows, size = x.shape
+    high, low = np.empty((rows, size), np.int8), np.empty((rows, size), np.int8)
+    token_factors = np.empty((rows, size // group, 2), np.float32)
+    for t in range(rows):
+        for g in range(size // GROUP_SIZE):
+            start = g * GROUP_SIZE
+            largest = np.float32(0.0)
+            for j in range(start, start + GROUP_SIZE):
+                largest = max(largest, abs(get(x[t], j)))
+            if largest < SMALLEST_STEP * LIMIT:
+                largest = np.float32(0.0)  # such a group weighs nothing next to float32 rounding
+            step = largest / LIMIT
+            inverse = LIMIT / largest if largest > 0 else np.float32(0.0)
+            for part in range(GROUP_SIZE // group):
+                total = 0
+                for j in range(start + part * group, start + (part + 1) * group):
+                    v = np.int32(np.rint(get(x[t], j) * inverse))
+                    below = ((v + 128) & 255) - 128
+                    high[t, j], low[t, j] = np.int8((v - below) >> 8), np.int8(below)
+                    total += v
+                index = (start + part * group) // group
+                token_factors[t, index, 0] = step
+                token_factors[t, index, 1] = step * np.float32(total)
+    return high, low, token_factors
+
+
+def _factor(factors, g, k, r, table):
+    """``factors[g, k, r]`` as float32 (compiled only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_factor, inline="always")
+def _factor_overload(factors, g, k, r, table):
+    if factors.dtype == types.uint16:
+        return lambda factors, g, k, r, table: table[factors[g, k, r]]
+    return lambda factors, g, k, r, table: np.float32(factors[g, k, r])
+
+
+def _weight(weights, g, vector, byte):
+    """Weight byte ``byte`` of a group's vector as the kernels multiply it: for 4-bit weights (uint8),
+    ``vector`` counts the low nibbles' vectors then the high ones'; 8-bit ones read ``q + 128``
+    (compiled only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_weight, inline="always")
+def _weight_overload(weights, g, vector, byte):
+    if weights.dtype == types.uint8:
+
+        def nibble(weights, g, vector, byte):
+            return (np.int32(weights[g, vector & 3, byte]) >> ((vector >> 2) << 2)) & 15
+
+        return nibble
+    return lambda weights, g, vector, byte: np.int32(weights[g, vector, byte]) + 128
+
+
+def vectors_of(weights):
+    """Weight vectors a group of ``weights`` (a block's, or all) multiplies: a 4-bit group's four hold
+    eight vectors' nibbles (compiled only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(vectors_of, inline="always")
+def _vectors_of_overload(weights):
+    if weights.dtype == types.uint8:
+        return lambda weights: 2 * weights.shape[-2]
+    return lambda weights: weights.shape[-2]
+
+
+def group_of(weights):
+    """The inputs a group of ``weights`` spans (compiled only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(group_of, inline="always")
+def _group_of_overload(weights):
+    return lambda weights: vectors_of(weights) * LANE
+
+
+@njit(parallel=True, **_OPTIONS)
+def matmul(x, weights, factors, out):
+    """``out`` ``[T, out]`` = ``x`` ``[T, in]`` times the transposed weights packed by :func:`pack4` or
+    :func:`pack8`, in plain Numba: integer sums per group, then ``scale * step * sum + minimum * step *
+    sum(v)`` in float32, rounded to ``out``'s dtype."""
+    group = group_of(weights)
+    high, low, token_factors = quantize_rows(x, group)
+    values = high.astype(np.int32) * 256 + low.astype(np.int32)
+    columns = out.shape[1]
+    for b in prange(weights.shape[0]):
+        block, block_factors = weights[b], factors[b]
+        sums = np.empty(ROWS, np.int32)
+        totals = np.empty(ROWS, np.float32)
+        for t in range(x.shape[0]):
+            totals[:] = 0
+            for g in range(weights.shape[1]):
+                sums[:] = 0
+                for vector in range(vectors_of(block)):
+                    v = values[t, g * group + vector * LANE :]
+                    for r in range(ROWS):
+                        byte = r * LANE
+                        sums[r] += (
+                            _weight(block, g, vector, byte) * v[0]
+                            + _weight(block, g, vector, byte + 1) * v[1]
+                            + _weight(block, g, vector, byte + 2) * v[2]
+                            + _weight(block, g, vector, byte + 3) * v[3]
+                        )
+                step, summed = token_factors[t, g, 0], token_factors[t, g, 1]
+                for r in range(ROWS):
+                    scale = _factor(block_factors, g, 0, r, FLOAT16_BITS_TO_FLOAT32)
+                    minimum = _factor(block_factors, g, 1, r, FLOAT16_BITS_TO_FLOAT32)
+                    totals[r] += np.float32(sums[r]) * (scale * step) + minimum * summed
+            for r in range(min(ROWS, columns - b * ROWS)):
+                put(out[t], b * ROWS + r, totals[r])
+
+
+@njit(parallel=True, **_OPTIONS)
+def _unpack(weights, factors, rows, out, table):
+    group = group_of(weights)
+    for n in prange(rows.shape[0]):
+        b, r = rows[n] // ROWS, rows[n] % ROWS
+        block, block_factors, line = weights[b], factors[b], out[n]
+        for g in range(weights.shape[1]):
+            scale, minimum = _factor(block_factors, g, 0, r, table), _factor(block_factors, g, 1, r, table)
+            for vector in range(vectors_of(block)):
+                for i in range(LANE):
+                    put(
+                        line,
+                        g * group + vector * LANE + i,
+                        np.float32(_weight(block, g, vector, r * LANE + i)) * scale + minimum,
+                    )
+
+
+def unpack(weights: np.ndarray, factors: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[n]`` = the weights of output row ``rows[n]`` (int64 indices), ``out`` ``[len(rows), in]``
+    float32 or bfloat16 bits (``uint16``): one float32 multiply-add per weight, as the dequantized form
+    computes it."""
+    _unpack(weights, factors, rows, out, FLOAT16_BITS_TO_FLOAT32)

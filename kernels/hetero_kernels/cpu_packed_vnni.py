@@ -1,0 +1,183 @@
+""":mod:`hetero_kernels.cpu_packed`'s matmul with AVX-512 VNNI: sixteen output rows per integer dot product.
+
+Each 64-byte weight vector holds four inputs of sixteen output rows
+(:mod:`hetero_kernels.cpu_packed`), so ``vpdpbusd`` with the four matching
+activation bytes broadcast to every lane adds four products to each row's
+32-bit sum. A group (32 inputs, or 16 for the fine 8-bit groups) takes
+eight such products per activation byte (the 16-bit activation's high and
+low bytes), then one conversion and two multiply-adds apply its sixteen
+scales and minimums. A group's weights are loaded (and a 4-bit group's
+nibbles split) once for up to :data:`ROWS_AT_ONCE` activation rows, so a
+step of several rows reads and unpacks its weights once.
+
+The arithmetic is :func:`hetero_kernels.cpu_packed.matmul`'s: the integer
+sums are exact, and only the order of the float32 additions differs.
+:data:`SUPPORTED` says whether this machine can run it (AVX-512 BW and VNNI,
+with Numba compiling for the host CPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from hetero_kernels import host
+from hetero_kernels.cpu_packed import LANE, ROWS, group_of, quantize_rows
+from hetero_kernels.elements import put
+
+SUPPORTED = host.has("avx512bw", "avx512vnni")
+ROWS_AT_ONCE = 4  # activation rows sharing a group's loaded weights (the registers hold their sums)
+_OPTIONS = dict(fastmath=True, cache=True)
+
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_LANES = ir.VectorType(_I32, 16)
+_FLOATS = host.FLOATS
+
+
+def _address(builder, array, index, pointee):
+    """A ``pointee`` pointer to element ``index`` (an i64) of ``array``'s data."""
+    return builder.bitcast(builder.gep(array.data, [index]), pointee.as_pointer())
+
+
+def _make_block(count: int, vectors: int):
+    """An intrinsic that multiplies one block of sixteen output rows, its groups of ``vectors`` stored
+    vectors (4-bit groups: 4, their nibbles eight; 8-bit groups: 8, or 4 for groups of 16), by
+    ``count`` activation rows from ``first``, into ``sums`` ``[count, 16]`` float32."""
+
+    def codegen(context, builder, signature, args):
+        weights, factors, high, low, token_factors, sums = (
+            context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:6], args[:6], strict=True)
+        )
+        first = args[6]
+        groups = cgutils.unpack_tuple(builder, weights.shape)[0]
+        size = cgutils.unpack_tuple(builder, high.shape)[1]
+        token_groups = cgutils.unpack_tuple(builder, token_factors.shape)[1]
+        four_bit = signature.args[0].dtype == types.uint8
+        halves = signature.args[1].dtype == types.uint16  # float16 bits
+        dot = host.declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", _LANES, [_LANES] * 3)
+        bytes64 = ir.VectorType(_I8, 64)
+
+        def constant(value):
+            return ir.Constant(_I64, value)
+
+        entry = builder.block
+        loop = builder.function.append_basic_block("groups")
+        done = builder.function.append_basic_block("summed")
+        builder.cbranch(builder.icmp_signed(">", groups, constant(0)), loop, done)
+        builder.position_at_end(loop)
+        g = builder.phi(_I64)
+        totals = [builder.phi(_FLOATS) for _ in range(count)]
+
+        base = builder.mul(g, constant(vectors * 64))
+        loaded = [
+            builder.load(_address(builder, weights, builder.add(base, constant(64 * k)), bytes64), align=1)
+            for k in range(vectors)
+        ]
+        if four_bit:  # the low nibbles' vectors, then the high ones'
+            parts = [builder.and_(v, ir.Constant(bytes64, [15] * 64)) for v in loaded]
+            parts += [builder.lshr(v, ir.Constant(bytes64, [4] * 64)) for v in loaded]
+        else:  # q + 128: the sign bit flipped
+            parts = [builder.xor(v, ir.Constant(bytes64, [-128] * 64)) for v in loaded]
+        parts = [builder.bitcast(v, _LANES) for v in parts]
+
+        def factor_vector(which):
+            index = builder.add(builder.mul(g, constant(32)), constant(16 * which))
+            if halves:
+                bits = builder.load(_address(builder, factors, index, ir.VectorType(_I16, 16)), align=1)
+                return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), _FLOATS)
+            return builder.load(_address(builder, factors, index, _FLOATS), align=1)
+
+        scale, minimum = factor_vector(0), factor_vector(1)
+        start = builder.mul(g, constant(LANE * len(parts)))
+        grown = []
+        for r in range(count):
+            t = builder.add(first, constant(r))
+            row_start = builder.add(builder.mul(t, size), start)
+
+            def broadcast(array, offset):
+                index = builder.add(row_start, constant(offset))
+                return host.splat(builder, builder.load(_address(builder, array, index, _I32), align=1), _LANES)
+
+            upper = lower = ir.Constant(_LANES, None)
+            for k, vector in enumerate(parts):
+                upper = builder.call(dot, [upper, vector, broadcast(high, LANE * k)])
+                lower = builder.call(dot, [lower, vector, broadcast(low, LANE * k)])
+            summed = builder.sitofp(builder.add(builder.shl(upper, ir.Constant(_LANES, [8] * 16)), lower), _FLOATS)
+            index = builder.mul(builder.add(builder.mul(t, token_groups), g), constant(2))
+            step = builder.load(_address(builder, token_factors, index, ir.FloatType()))
+            shifted = builder.load(_address(builder, token_factors, builder.add(index, constant(1)), ir.FloatType()))
+            weighted = builder.fmul(scale, host.splat(builder, step, _FLOATS), flags=["fast"])
+            total = builder.fadd(totals[r], builder.fmul(summed, weighted, flags=["fast"]), flags=["fast"])
+            offsets = builder.fmul(minimum, host.splat(builder, shifted, _FLOATS), flags=["fast"])
+            grown.append(builder.fadd(total, offsets, flags=["fast"]))
+
+        following = builder.add(g, constant(1))
+        end = builder.block
+        g.add_incoming(constant(0), entry)
+        g.add_incoming(following, end)
+        for total, value in zip(totals, grown, strict=True):
+            total.add_incoming(ir.Constant(_FLOATS, None), entry)
+            total.add_incoming(value, end)
+        builder.cbranch(builder.icmp_signed("<", following, groups), loop, done)
+        builder.position_at_end(done)
+        results = [builder.phi(_FLOATS) for _ in range(count)]
+        for r, result in enumerate(results):
+            result.add_incoming(ir.Constant(_FLOATS, None), entry)
+            result.add_incoming(grown[r], end)
+            builder.store(result, _address(builder, sums, constant(16 * r), _FLOATS), align=1)
+        return context.get_dummy_value()
+
+    def block(typingctx, weights, factors, high, low, token_factors, sums, first):
+        return types.void(weights, factors, high, low, token_factors, sums, first), codegen
+
+    return intrinsic(block)
+
+
+# one intrinsic per (activation rows, stored vectors a group): 4-bit groups and fine 8-bit ones have 4
+_one_of_4, _two_of_4, _four_of_4 = _make_block(1, 4), _make_block(2, 4), _make_block(4, 4)
+_one_of_8, _two_of_8, _four_of_8 = _make_block(1, 8), _make_block(2, 8), _make_block(4, 8)
+
+
+@njit(inline="always", **_OPTIONS)
+def _rows(count, block, factors, high, low, token_factors, sums, t):
+    """Activation rows ``t .. t + count - 1`` (``count`` 1, 2 or 4) times one block into ``sums``."""
+    if block.shape[1] == 8:
+        if count == 4:
+            _four_of_8(block, factors, high, low, token_factors, sums, t)
+        elif count == 2:
+            _two_of_8(block, factors, high, low, token_factors, sums, t)
+        else:
+            _one_of_8(block, factors, high, low, token_factors, sums, t)
+    elif count == 4:
+        _four_of_4(block, factors, high, low, token_factors, sums, t)
+    elif count == 2:
+        _two_of_4(block, factors, high, low, token_factors, sums, t)
+    else:
+        _one_of_4(block, factors, high, low, token_factors, sums, t)
+
+
+@njit(parallel=True, **_OPTIONS)
+def matmul(x, weights, factors, out):
+    """``out`` ``[T, out]`` = ``x`` ``[T, in]`` times the transposed weights packed by
+    :func:`~hetero_kernels.cpu_packed.pack4` or :func:`~hetero_kernels.cpu_packed.pack8`, rounded to
+    ``out``'s dtype. Blocks of sixteen output rows are shared out among the threads; each reads its
+    weights once per :data:`ROWS_AT_ONCE` activation rows."""
+    high, low, token_factors = quantize_rows(x, group_of(weights))
+    tokens, columns = x.shape[0], out.shape[1]
+    blocks = weights.shape[0]
+    sums = np.empty((blocks, ROWS_AT_ONCE, ROWS), np.float32)
+    for b in prange(blocks):
+        block, block_factors, block_sums = weights[b], factors[b], sums[b]
+        width = min(ROWS, columns - b * ROWS)
+        t = 0
+        while t < tokens:
+            left = tokens - t
+            count = ROWS_AT_ONCE if left >= ROWS_AT_ONCE else (2 if left >= 2 else 1)
+            _rows(count, block, block_factors, high, low, token_factors, block_sums, t)
+            for r in range(count):
+                for c in range(width):
+                    put(out[t + r], b * ROWS + c, block_sums[r, c])
+            t += count
