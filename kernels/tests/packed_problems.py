@@ -1,0 +1,123 @@
+"""Hypothesis strategies for the packed-weight matmul tests (``hetero_kernels.cpu_packed``).
+
+A drawn :class:`Spec` names the shape (activation rows, output rows so that
+the last block of sixteen is often padded, input sizes in whole groups of
+32), the weight form (4-bit, or 8-bit in groups of 32 or 16 with or without
+an offset), whether the factors are float16 numbers (packed as float16 bits,
+as GGUF stores them) and the activations' magnitude; values come from a
+drawn seed, so a failure shrinks to a small spec that names its case. Every
+problem's activations hold an all-zero group and one outlier.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+from hypothesis import strategies as st
+
+from hetero_kernels import cpu_packed
+
+GROUP = cpu_packed.GROUP_SIZE
+FORMS = [(4, GROUP), (8, GROUP), (8, cpu_packed.FINE_GROUP_SIZE)]  # (bits, inputs a group)
+
+
+@attrs.frozen
+class Weights:
+    """Weights as the file holds them, packed, with each one's exact value."""
+
+    bits: int
+    group: int
+    q: np.ndarray  # [out, in]: uint8 0..15 or int8
+    scale: np.ndarray  # [out, in // group] float32
+    minimum: np.ndarray  # [out, in // group] float32: what the packed form adds (cpu_packed's docstring)
+    exact: np.ndarray  # [out, in] float64: scale * q + minimum (4-bit), scale * q + offset (8-bit)
+    packed: np.ndarray
+    factors: np.ndarray
+
+    def per_input(self, values: np.ndarray) -> np.ndarray:
+        """Per-group ``values`` [out, in // group] repeated over their groups' inputs."""
+        return np.repeat(values, self.group, axis=1)
+
+    def multiplied(self) -> np.ndarray:
+        """``q`` as the kernels multiply it (8-bit ones as ``q + 128``), float64 [out, in]."""
+        return self.q.astype(np.float64) + (128 if self.bits == 8 else 0)
+
+
+def weights_of(
+    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool, float16_factors: bool
+) -> Weights:
+    """Random weights of one form: 4-bit ``scale * q + minimum`` (Q4_1's), or 8-bit ``scale * q`` (Q8_0's,
+    -128 and 127 included) plus an offset per group where ``with_offset`` (Q5_1's, Q6_K's)."""
+    scale = (rng.random((rows, size // group)) * 0.02).astype(np.float32)
+    if bits == 4:
+        q = rng.integers(0, 16, (rows, size)).astype(np.uint8)
+        offset = (-8 * scale + rng.standard_normal(scale.shape) * 0.002).astype(np.float32)
+    else:
+        q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
+        q[0, :group], q[-1, -group:] = -128, 127
+        offset = (rng.standard_normal(scale.shape) * 0.01).astype(np.float32) if with_offset else None
+    if float16_factors:
+        scale = scale.astype(np.float16).astype(np.float32)
+        offset = None if offset is None else offset.astype(np.float16).astype(np.float32)
+    if bits == 4:
+        packed, factors = cpu_packed.pack4(q, scale, offset)
+        minimum = offset
+    else:
+        packed, factors = cpu_packed.pack8(q, scale, offset)
+        minimum = np.float32(-128.0) * scale + (np.float32(0.0) if offset is None else offset)
+    added = np.zeros_like(scale) if offset is None else offset
+    exact = np.repeat(scale.astype(np.float64), group, axis=1) * q + np.repeat(added, group, axis=1)
+    return Weights(bits, group, q, scale, minimum, exact, packed, factors)
+
+
+def activations(rng: np.random.Generator, tokens: int, size: int, magnitude: float) -> np.ndarray:
+    """float32 rows of about ``magnitude``; the first row's first group all zero, the last input 1e4 times larger."""
+    x = (rng.standard_normal((tokens, size)) * magnitude).astype(np.float32)
+    x[0, :GROUP] = 0
+    x[-1, -1] *= 1e4
+    return x
+
+
+@attrs.frozen
+class Spec:
+    tokens: int
+    rows: int
+    size: int
+    bits: int
+    group: int
+    with_offset: bool
+    float16_factors: bool
+    magnitude: float
+    seed: int
+
+    def build(self) -> tuple[np.ndarray, Weights]:
+        rng = np.random.default_rng(self.seed)
+        weights = weights_of(rng, self.rows, self.size, self.bits, self.group, self.with_offset, self.float16_factors)
+        return activations(rng, self.tokens, self.size, self.magnitude), weights
+
+
+@st.composite
+def specs(draw: st.DrawFn, max_tokens: int) -> Spec:
+    bits, group = draw(st.sampled_from(FORMS))
+    return Spec(
+        tokens=draw(st.integers(1, max_tokens)),
+        rows=draw(st.integers(1, 40)),
+        size=GROUP * draw(st.integers(1, 8)),
+        bits=bits,
+        group=group,
+        with_offset=bits == 8 and draw(st.booleans()),
+        float16_factors=draw(st.booleans()),
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def term_magnitudes(x: np.ndarray, weights: Weights) -> np.ndarray:
+    """[T, out]: the sum over groups of the magnitudes of the two float32 terms the kernels add per group,
+    ``scale * step * sum(q * v)`` and ``minimum * step * sum(v)`` (with ``|step * v|`` at most ``|x|``
+    plus a step): what float32 rounding of the sums scales with. 8-bit weights multiply ``q + 128``, so
+    their terms outgrow the result."""
+    x = np.abs(x.astype(np.float64))
+    step = np.repeat(x.reshape(x.shape[0], -1, GROUP).max(-1) / cpu_packed.LIMIT, GROUP, axis=1)
+    multiplied = weights.per_input(np.abs(weights.scale)) * weights.multiplied()
+    return (x + step) @ (multiplied + weights.per_input(np.abs(weights.minimum))).T

@@ -1,0 +1,132 @@
+"""The packed-weight layout on any CPU: the portable matmul against numpy in float64 within the bound its 16-bit
+activation steps allow, widening rows back to each weight's value, and what packing refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from packed_problems import FORMS, GROUP, Weights, activations, specs, term_magnitudes, weights_of
+
+from hetero_kernels import cpu_packed
+from hetero_kernels.dtypes import bfloat16_bits, widen
+
+
+def bound(x: np.ndarray, weights: Weights) -> np.ndarray:
+    """How far the matmul may be from the exact product: per input, half its group's 16-bit step (the group's
+    largest magnitude / 32639) plus the step's and inverse step's own rounding (under 2**-7 of a step at
+    |v| <= 32639), times |weight|; a group too small for a finite inverse step is dropped whole. Then float32
+    rounding: each group's two terms take up to three roundings (the integer sum's conversion, step
+    times scale, the product; an 8-bit minimum one more when packed), their sum one per term."""
+    tokens, size = x.shape
+    magnitude = np.abs(x.astype(np.float64))
+    largest = magnitude.reshape(tokens, -1, GROUP).max(-1)
+    dropped = np.repeat(largest < cpu_packed.SMALLEST_STEP * cpu_packed.LIMIT, GROUP, axis=1)
+    step = np.repeat(largest / cpu_packed.LIMIT, GROUP, axis=1)
+    missed = np.where(dropped, magnitude, (0.5 + 2.0**-7) * step)
+    roundings = (2 * size // weights.group + 6) * 2.0**-24 * term_magnitudes(x, weights)
+    return missed @ np.abs(weights.exact).T + roundings
+
+
+def factors_are_halves(weights: Weights) -> bool:
+    """Whether float16 holds every scale and minimum exactly, so that they are packed as float16 bits."""
+    return all(np.array_equal(v.astype(np.float16).astype(np.float32), v) for v in (weights.scale, weights.minimum))
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec=specs(max_tokens=9))
+def test_matmul_within_half_a_16_bit_step_per_input_and_float32_rounding(spec) -> None:
+    x, weights = spec.build()
+    assert weights.factors.dtype == (np.uint16 if factors_are_halves(weights) else np.float32)
+    out = np.empty((spec.tokens, spec.rows), np.float32)
+    cpu_packed.matmul(x, weights.packed, weights.factors, out)
+    assert np.all(np.abs(out - x.astype(np.float64) @ weights.exact.T) <= bound(x, weights))
+
+
+@settings(max_examples=20, deadline=None)
+@given(spec=specs(max_tokens=9))
+def test_bfloat16_activations_and_outputs_are_the_float32_results_rounded(spec) -> None:
+    """bfloat16 activations widen exactly to float32, so their steps and integer sums are the float32 path's,
+    and the output is the same float32 total rounded to nearest even: equal bit for bit."""
+    x, weights = spec.build()
+    bits = bfloat16_bits(x)
+    exact, rounded = np.empty((spec.tokens, spec.rows), np.float32), np.empty((spec.tokens, spec.rows), np.uint16)
+    cpu_packed.matmul(widen(bits).astype(np.float32), weights.packed, weights.factors, exact)
+    cpu_packed.matmul(bits, weights.packed, weights.factors, rounded)
+    np.testing.assert_array_equal(rounded, bfloat16_bits(exact))
+
+
+@pytest.mark.parametrize(("bits", "group"), FORMS)
+def test_groups_too_small_for_a_finite_inverse_step_count_as_zero(bits: int, group: int) -> None:
+    rng = np.random.default_rng(1)
+    weights = weights_of(rng, 20, 3 * GROUP, bits, group, with_offset=True, float16_factors=False)
+    x = activations(rng, 3, 3 * GROUP, 1.0)
+    x[0, :GROUP] = 1e-36  # dropped: its inverse step would overflow
+    x[1, GROUP : 2 * GROUP] = 4e-26  # just above the smallest step: inverse 8e29
+    x[2] = 1e-36
+    out = np.empty((3, 20), np.float32)
+    cpu_packed.matmul(x, weights.packed, weights.factors, out)
+    assert np.all(np.isfinite(out))
+    assert np.all(np.abs(out - x.astype(np.float64) @ weights.exact.T) <= bound(x, weights))
+
+
+def rounded_once(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 ``a * b + c`` with one rounding (a fused multiply-add) for float32 ``b`` and ``c`` and small integers
+    ``a``: the product is exact in float64; the sum is rounded to odd there (its last bit set where inexact),
+    and a float64 rounded to odd rounds to float32 as the exact sum would (53 bits >= 24 + 2)."""
+    product = a.astype(np.float64) * b
+    total = product + c
+    back = total - product
+    error = (product - (total - back)) + (c - back)  # TwoSum: total + error is the exact sum
+    even = (total.view(np.int64) & 1) == 0
+    toward = np.where(error > 0, np.inf, -np.inf)
+    return np.where((error != 0) & even, np.nextafter(total, toward), total).astype(np.float32)
+
+
+@settings(max_examples=30, deadline=None)
+@given(spec=specs(max_tokens=1))
+def test_unpack_widens_chosen_rows_to_each_weights_value(spec) -> None:
+    """Rows in any order, repeated, and the last one, which the padded block holds where the row count is not a
+    multiple of 16. Each weight is the packed form's ``scale * q + minimum`` (8-bit: ``scale * (q + 128) +
+    minimum``), one float32 multiply-add, which the compiler may fuse: rounded once or twice, nothing else.
+    bfloat16 rows are those values rounded to nearest even."""
+    _, weights = spec.build()
+    rows = np.append(np.random.default_rng(spec.seed).integers(0, spec.rows, 6), spec.rows - 1)
+    out, bits = np.empty((rows.size, spec.size), np.float32), np.empty((rows.size, spec.size), np.uint16)
+    cpu_packed.unpack(weights.packed, weights.factors, rows, out)
+    cpu_packed.unpack(weights.packed, weights.factors, rows, bits)
+    q = weights.multiplied()[rows]
+    scale, minimum = weights.per_input(weights.scale)[rows], weights.per_input(weights.minimum)[rows]
+    fused, twice = rounded_once(q, scale, minimum), q.astype(np.float32) * scale + minimum
+    assert np.all((out == fused) | (out == twice))
+    np.testing.assert_array_equal(bits, bfloat16_bits(out))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.uint16])
+def test_unpack_of_no_rows_writes_nothing(dtype) -> None:
+    weights = weights_of(np.random.default_rng(2), 20, 2 * GROUP, 4, GROUP, False, True)
+    out = np.empty((0, 2 * GROUP), dtype)
+    cpu_packed.unpack(weights.packed, weights.factors, np.zeros(0, np.int64), out)
+    assert out.shape == (0, 2 * GROUP)
+
+
+def pack(bits: int, size: int, factors: int) -> None:
+    q, scale = np.zeros((2, size), np.uint8 if bits == 4 else np.int8), np.ones((2, factors), np.float32)
+    cpu_packed.pack4(q, scale, scale) if bits == 4 else cpu_packed.pack8(q, scale)
+
+
+@pytest.mark.parametrize(
+    ("bits", "size", "factors", "message"),
+    [
+        (4, 48, 1, "input size 48 is not a multiple of 32"),
+        (8, 80, 5, "input size 80 is not a multiple of 32"),
+        (4, 64, 4, "4 factors per row of 64 inputs: groups must be 32$"),
+        (4, 64, 0, "0 factors per row of 64 inputs: groups must be 32$"),
+        (8, 64, 1, "1 factors per row of 64 inputs: groups must be 32 or 16"),
+        (8, 64, 3, "3 factors per row of 64 inputs: groups must be 32 or 16"),
+        (8, 64, 8, "8 factors per row of 64 inputs: groups must be 32 or 16"),
+    ],
+)
+def test_packing_refuses_partial_groups_and_other_group_sizes(bits: int, size: int, factors: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        pack(bits, size, factors)
