@@ -121,3 +121,10 @@ def term_magnitudes(x: np.ndarray, weights: Weights) -> np.ndarray:
     step = np.repeat(x.reshape(x.shape[0], -1, GROUP).max(-1) / cpu_packed.LIMIT, GROUP, axis=1)
     multiplied = weights.per_input(np.abs(weights.scale)) * weights.multiplied()
     return (x + step) @ (multiplied + weights.per_input(np.abs(weights.minimum))).T
+
+
+def with_two_signatures(spec: Spec) -> Spec:
+    """``spec`` with 4-bit weights' factors float16 bits and 8-bit ones' float32 (an offset makes them so): the
+    bfloat16 tests take these two of the four compiled weight and factor dtypes, since bfloat16 changes only
+    how activations are read and outputs written, and each signature costs seconds to compile."""
+    return attrs.evolve(spec, float16_factors=spec.bits == 4, with_offset=spec.bits == 8)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from packed_problems import FORMS, GROUP, Weights, activations, specs, term_magnitudes, weights_of
+from packed_problems import FORMS, GROUP, Weights, activations, specs, term_magnitudes, weights_of, with_two_signatures
 
 from hetero_kernels import cpu_packed
 from hetero_kernels.dtypes import bfloat16_bits, widen
@@ -48,7 +48,7 @@ def test_matmul_within_half_a_16_bit_step_per_input_and_float32_rounding(spec) -
 def test_bfloat16_activations_and_outputs_are_the_float32_results_rounded(spec) -> None:
     """bfloat16 activations widen exactly to float32, so their steps and integer sums are the float32 path's,
     and the output is the same float32 total rounded to nearest even: equal bit for bit."""
-    x, weights = spec.build()
+    x, weights = with_two_signatures(spec).build()
     bits = bfloat16_bits(x)
     exact, rounded = np.empty((spec.tokens, spec.rows), np.float32), np.empty((spec.tokens, spec.rows), np.uint16)
     cpu_packed.matmul(widen(bits).astype(np.float32), weights.packed, weights.factors, exact)
@@ -59,7 +59,7 @@ def test_bfloat16_activations_and_outputs_are_the_float32_results_rounded(spec) 
 @pytest.mark.parametrize(("bits", "group"), FORMS)
 def test_groups_too_small_for_a_finite_inverse_step_count_as_zero(bits: int, group: int) -> None:
     rng = np.random.default_rng(1)
-    weights = weights_of(rng, 20, 3 * GROUP, bits, group, with_offset=True, float16_factors=False)
+    weights = weights_of(rng, 20, 3 * GROUP, bits, group, with_offset=bits == 8, float16_factors=False)
     x = activations(rng, 3, 3 * GROUP, 1.0)
     x[0, :GROUP] = 1e-36  # dropped: its inverse step would overflow
     x[1, GROUP : 2 * GROUP] = 4e-26  # just above the smallest step: inverse 8e29
@@ -104,7 +104,7 @@ def test_unpack_widens_chosen_rows_to_each_weights_value(spec) -> None:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_unpack_of_no_rows_writes_nothing(dtype) -> None:
-    weights = weights_of(np.random.default_rng(2), 20, 2 * GROUP, 4, GROUP, False, True)
+    weights = weights_of(np.random.default_rng(2), 20, 2 * GROUP, 4, GROUP, with_offset=False, float16_factors=True)
     out = np.empty((0, 2 * GROUP), dtype)
     cpu_packed.unpack(weights.packed, weights.factors, np.zeros(0, np.int64), out)
     assert out.shape == (0, 2 * GROUP)

@@ -7,7 +7,7 @@ import attrs
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
-from packed_problems import Spec, Weights, specs, term_magnitudes
+from packed_problems import Spec, Weights, specs, term_magnitudes, with_two_signatures
 
 from hetero_kernels import cpu_packed, cpu_packed_vnni
 from hetero_kernels.dtypes import bfloat16_bits, widen
@@ -56,7 +56,7 @@ def test_bfloat16_results_are_the_portable_ones_up_to_one_bfloat16_step_and_reas
     """Each kernel rounds its own float32 total to nearest even; totals a float32 reassociation apart round to
     bfloat16 numbers one bfloat16 step apart at most, and further only by that reassociation, where the sum
     cancels to far below its terms (an 8-bit row's ``q + 128`` terms do)."""
-    x, weights = spec.build()
+    x, weights = with_two_signatures(spec).build()
     bits = bfloat16_bits(x)
     vnni_bits = run(cpu_packed_vnni.matmul, bits, weights, np.uint16)
     np.testing.assert_array_equal(
