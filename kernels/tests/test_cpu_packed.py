@@ -16,8 +16,9 @@ def bound(x: np.ndarray, weights: Weights) -> np.ndarray:
     """How far the matmul may be from the exact product: per input, half its group's 16-bit step (the group's
     largest magnitude / 32639) plus the step's and inverse step's own rounding (under 2**-7 of a step at
     |v| <= 32639), times |weight|; a group too small for a finite inverse step is dropped whole. Then float32
-    rounding: each group's two terms take up to three roundings (the integer sum's conversion, step
-    times scale, the product; an 8-bit minimum one more when packed), their sum one per term."""
+    rounding: each group's two terms take up to four roundings (the integer sum's conversion, step times
+    scale, the product; an 8-bit minimum one when packed), their sum one per term, so within (2 * groups + 6)
+    roundings of the terms' magnitudes."""
     tokens, size = x.shape
     magnitude = np.abs(x.astype(np.float64))
     largest = magnitude.reshape(tokens, -1, GROUP).max(-1)
