@@ -97,7 +97,7 @@ def _make_block(count: int, vectors: int):
             t = builder.add(first, constant(r))
             row_start = builder.add(builder.mul(t, size), start)
 
-            def broadcast(array, offset):
+            def broadcast(array, offset, row_start=row_start):
                 index = builder.add(row_start, constant(offset))
                 return host.splat(builder, builder.load(_address(builder, array, index, _I32), align=1), _LANES)
 

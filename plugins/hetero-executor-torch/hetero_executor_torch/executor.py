@@ -129,12 +129,6 @@ class TorchExecutor:
         for steps of more rows than the packed kernels take (2 bytes a weight
         in bf16 on top of the packed ones). Off by default: those steps widen
         the packed weights a tile at a time instead.
-    :param small_batch_kernels: where the CPU runs the VNNI kernel (steps of
-        one and two rows), also hold 4-bit weights in the layout of a kernel
-        for steps of a few rows (the tiled kernel up to 8 rows with AMX, 32
-        without; or torch's int4 kernel): on by default; off, those steps widen
-        the packed weights and the 4-bit weights take about 0.6-0.75 bytes a
-        weight less.
     :param weight_cache: where a GGUF file's weights, as built for this CPU,
         are kept between starts (:mod:`hetero_executor_torch.weight_cache`):
         ``auto`` (``$HETERO_WEIGHT_CACHE``, else the user cache directory's
@@ -160,7 +154,6 @@ class TorchExecutor:
         decode_graphs: bool | str = "auto",
         weights: str = "auto",
         dense_copy: bool = False,
-        small_batch_kernels: bool = True,
         weight_cache: str = "auto",
         weight_cache_max_gib: float = 16.0,
     ) -> None:
@@ -190,7 +183,6 @@ class TorchExecutor:
             weights=self.weight_format,
             dtype=str(self.dtype),
             dense_copy=dense_copy,
-            small_batch_kernels=small_batch_kernels,
             cpu_kernels=cpu_kernel_variants(),
         )
         with torch.inference_mode():
@@ -202,7 +194,6 @@ class TorchExecutor:
                 self.device,
                 self.weight_format,
                 dense_copy,
-                small_batch_kernels,
             )
             built = load_or_build(cache, path, settings, build)
             self.model = LlamaModel(
@@ -232,7 +223,6 @@ class TorchExecutor:
             device=str(self.device),
             weights=self.weight_format,
             dense_copy=dense_copy,
-            small_batch_kernels=small_batch_kernels,
             attention=self.attention.name,
             cpu_kernels=[name for name, runs in cpu_kernel_variants().items() if runs]
             if self.device.type == "cpu"

@@ -17,18 +17,14 @@ same roundings (the reductions reassociated):
   and attends through the backend: on CUDA, where a batch-1 step is hundreds
   of tiny kernels replayed from a graph, that is 8 fewer kernels a layer.
 
-A CPU decode-only step whose projections all run on one of the int4 kernels
-runs each layer as one ``hetero_kernels.cpu_layer`` call, the same kernels
-called from Numba:
-
-- at most two sequences on the VNNI kernel (``hetero_kernels.cpu_int4``,
-  GGUF's 4-bit weights on an AVX-512 VNNI CPU). This computes a slightly
-  different, more exact, function: the activations stay float32 between
-  the kernels, whatever the model's dtype; only the cache keeps it. That
-  kernel quantizes the activations to 16 bits per group, finer than
-  bfloat16, so rounding them to bfloat16 first would only add error;
-- more, up to the tiled kernel's rows (``hetero_kernels.cpu_int4_tiles``,
-  AVX-512 BF16), in bfloat16, op for op as the kernels called one by one.
+A CPU decode-only step whose projections all run on the VNNI kernel
+(``hetero_kernels.cpu_packed_vnni``, GGUF's weights on an AVX-512 VNNI CPU),
+up to its rows, runs each layer as one ``hetero_kernels.cpu_layer`` call, the
+same kernels called from Numba. This computes a slightly different, more
+exact, function: the activations stay float32 between the kernels, whatever
+the model's dtype; only the cache keeps it. That kernel quantizes the
+activations to 16 bits per group, finer than bfloat16, so rounding them to
+bfloat16 first would only add error.
 
 Figures are in ``docs/design/2026-11-26-cpu-fused-layers.md`` ("A decoder layer in
 one Numba call") and ``docs/design/2026-11-26-cpu-int4-linear-kernels.md``.
@@ -45,7 +41,7 @@ import torch
 from hetero_executor_torch.attention import AttentionInputs
 from hetero_executor_torch.kernel_attention import kernel_array
 from hetero_executor_torch.model_config import ModelConfig
-from hetero_executor_torch.quantized import TILED_MAX_ROWS, VNNI_MAX_ROWS, Linear, PackedLinear
+from hetero_executor_torch.quantized import Linear, PackedLinear
 
 if TYPE_CHECKING:
     from hetero_executor_torch.model import LlamaModel
@@ -70,13 +66,12 @@ def fused_kernels(
         return None
 
 
-def packed_layers(model: LlamaModel, arrays: Callable[[PackedLinear], tuple | None]) -> list[tuple]:
-    """Each layer's four projections as ``hetero_kernels.cpu_layer`` takes them, ``arrays`` of each
-    (:meth:`PackedLinear.int4_arrays` or :meth:`PackedLinear.tiled_arrays`); none unless every
-    projection has them."""
+def packed_layers(model: LlamaModel) -> list[tuple]:
+    """Each layer's four projections as ``hetero_kernels.cpu_layer`` takes them
+    (:meth:`PackedLinear.kernel_arrays`); none unless every projection has them."""
 
     def of(linear: Linear) -> tuple | None:
-        return arrays(linear) if isinstance(linear, PackedLinear) else None
+        return linear.kernel_arrays() if isinstance(linear, PackedLinear) else None
 
     layers = [tuple(of(linear) for linear in layer.linears) for layer in model.layers]
     return [] if any(four is None for layer in layers for four in layer) else layers
@@ -96,13 +91,10 @@ class FusedLayers:
         self.decodes_attend = hasattr(kernels, "rotary_decode_attention")
         # the layers as one call each, and the most rows a step may have for them (0: never)
         cpu = model.device.type == "cpu"
-        self.vnni_layers = packed_layers(model, PackedLinear.int4_arrays) if cpu else []
-        self.vnni_rows = VNNI_MAX_ROWS if self.vnni_layers else 0
-        self.tiled_layers = (
-            packed_layers(model, PackedLinear.tiled_arrays) if cpu and model.dtype == torch.bfloat16 else []
-        )
-        self.tiled_rows = TILED_MAX_ROWS if self.tiled_layers else 0
-        if self.vnni_layers or self.tiled_layers:
+        self.packed_layers = packed_layers(model) if cpu else []
+        linears = (linear for layer in model.layers for linear in layer.linears)
+        self.packed_rows = min((linear.max_rows for linear in linears), default=0) if self.packed_layers else 0
+        if self.packed_layers:
             from hetero_kernels import cpu_layer
 
             self.layer_kernel = cpu_layer
@@ -117,10 +109,8 @@ class FusedLayers:
         rows, dtype, device = input_ids.shape[0], model.dtype, model.device
         hidden = model.embedding.embed(input_ids).float()
         stream = kernel_array(hidden)
-        if attention.num_decodes == rows and rows <= max(self.vnni_rows, self.tiled_rows):
-            vnni = rows <= self.vnni_rows
-            layers, activations = (self.vnni_layers, torch.float32) if vnni else (self.tiled_layers, dtype)
-            self._packed_decodes(stream, positions, attention, kv_caches, layers, activations)
+        if attention.num_decodes == rows <= self.packed_rows:
+            self._packed_decodes(stream, positions, attention, kv_caches)
             return hidden
         cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         # the inputs of each layer's projections, overwritten layer after layer
@@ -158,16 +148,14 @@ class FusedLayers:
         positions: torch.Tensor,
         attention: AttentionInputs,
         kv_caches: list[Any],
-        layers: list[tuple],
-        activations: torch.dtype,
     ) -> None:
-        """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer with the
-        projections' ``layers`` arrays, the activations in ``activations``, leaving the residual stream
-        after the last layer in ``stream``.
+        """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer, leaving the residual
+        stream after the last layer in ``stream``.
 
-        On the VNNI kernel the activations stay float32 from layer to layer (only the cache is in the
-        model's dtype): the projections quantize them to 16 bits per group anyway, so rounding them to
-        bfloat16 first would only add error (``benchmarks/quality.py`` measures the difference)."""
+        The activations stay float32 from layer to layer (only the cache is in the model's dtype): the
+        projections quantize them to 16 bits per group anyway, so rounding them to bfloat16 first would
+        only add error (``benchmarks/quality.py`` measures the difference)."""
+        activations = torch.float32
         config, meta, rows = self.model.config, attention.kernel, stream.shape[0]
         cos, sin = (kernel_array(table.view(rows, -1)) for table in self.model.rope_tables(positions, activations))
         caches = self._cache_arrays(kv_caches)
@@ -188,7 +176,7 @@ class FusedLayers:
         scale, eps = np.float32(self.model.scale), np.float32(self.eps)
         next_norms = self.input_norms[1:] + [self.final_norm]
         for weights, (k_cache, v_cache), post_norm, next_norm in zip(
-            layers, caches, self.post_norms, next_norms, strict=True
+            self.packed_layers, caches, self.post_norms, next_norms, strict=True
         ):
             layer_attention = (cos, sin, k_cache, v_cache, *tables, config.num_heads, scale, *plan)
             self.layer_kernel.decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, layer_attention)

@@ -5,8 +5,7 @@ GGUF tensors whose type has an exact group form
 groups, Q5_0, Q5_1, Q5_K, Q8_0, IQ4_NL, Q3_K as 8-bit ones, Q6_K and Q2_K as
 8-bit groups of 16) arrive in it when the caller keeps weights quantized;
 the rest are dequantized with the ``gguf`` package. A quantized type that
-ends up dense (Q8_K; Q6_K and Q2_K where ``hetero_kernels.cpu_int4`` does
-not run) is named in a warning with its size. llama.cpp's
+ends up dense (Q8_K; Q6_K and Q2_K without ``hetero_kernels``) is named in a warning with its size. llama.cpp's
 converter permutes the rows of the q and k projections so that RoPE rotates
 adjacent pairs; :func:`unpermute` undoes that per head, so one forward pass
 (rotate-half RoPE, as Hugging Face computes it) serves both sources. RoPE's

@@ -100,7 +100,6 @@ def build_weights(
     device: torch.device,
     weight_format: str = "dense",
     dense_copy: bool = False,
-    small_batch_kernels: bool = True,
 ) -> ModelWeights:
     """Read each weight once and hold it in ``weight_format``
     (see :func:`~hetero_executor_torch.quantized.make_linear`)."""
@@ -111,7 +110,7 @@ def build_weights(
 
     def linear(parts: list[Weight], bias: torch.Tensor | None, fmt: str = weight_format, table: bool = False) -> Linear:
         bias = None if bias is None else bias.to(device=device, dtype=dtype)
-        return make_linear(concat(parts), bias, fmt, dtype, device, table, dense_copy, small_batch_kernels)
+        return make_linear(concat(parts), bias, fmt, dtype, device, table, dense_copy)
 
     try:
         embed = weights.pop("model.embed_tokens.weight")()

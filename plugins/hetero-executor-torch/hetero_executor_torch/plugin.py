@@ -57,7 +57,6 @@ class TorchExecutorOptions:
     decode_graphs: bool | str = attrs.field(default="auto", validator=_decode_graphs)
     weights: str = attrs.field(default="auto", validator=one_of(WEIGHT_FORMATS, error=ConfigError))
     dense_copy: bool = attrs.field(default=False, validator=boolean(error=ConfigError))
-    small_batch_kernels: bool = attrs.field(default=True, validator=boolean(error=ConfigError))
     weight_cache: str = attrs.field(default="auto", validator=_weight_cache)
     weight_cache_max_gib: float = attrs.field(
         default=16.0, validator=number_in(0, 2**20, low_open=True, error=ConfigError)

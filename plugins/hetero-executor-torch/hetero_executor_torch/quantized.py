@@ -16,21 +16,20 @@ are and widened inside torch's CPU kernels:
   such int4 weights, the high and the low nibble of each ``q``
   (:meth:`ByteQuantized.halves`): exact again, twice the int4 work, still far
   fewer bytes than bf16. Groups of 16 (GGUF's Q6_K and Q2_K) run on
-  ``hetero_kernels.cpu_int4`` alone (below); without it they are dense.
+  ``hetero_kernels.cpu_packed`` alone (below).
 - ``int8``: one symmetric scale per output channel
   (``_weight_int8pack_mm``); offered for dense checkpoints.
 
-On a CPU with AVX-512 VNNI, int4 weights of inputs a multiple of 64 run on
-``hetero_kernels.cpu_int4`` instead (:class:`VnniInt4Weights`): integer dot
-products against the activations quantized to 16 bits per group, for one or
-two rows; and 8-bit groups run whole there (:class:`VnniInt8Weights`), one
-integer product per weight byte instead of two halves. On a CPU with AVX-512
-BF16, bfloat16 steps of more rows run int4 weights on
-``hetero_kernels.cpu_int4_tiles`` (:class:`TiledInt4Weights`): each widened
-weight serves a tile of rows, up to :data:`TILED_MAX_ROWS` rows in all.
-
-Steps with more rows run the same weights dense (see :class:`PackedLinear`), in
-oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
+Where ``hetero_kernels`` is installed, both forms are also packed in
+``hetero_kernels.cpu_packed``'s layout (:class:`PackedWeights`, sixteen output
+rows a vector, exact). On a CPU with AVX-512 VNNI that layout alone serves
+steps of up to :data:`PACKED_MAX_ROWS` rows (``cpu_packed_vnni``: integer dot
+products against the activations quantized to 16 bits per group, the weights
+read once for every row); elsewhere torch's int4 kernel serves them where it
+takes the weights, and the layout's portable twin where it does not. Steps
+of more rows widen the layout a tile at a time for a dense matmul
+(:class:`PackedLinear`); the executor's ``dense_copy`` holds a dense copy
+for them instead, in oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
 
 Dense weights (a Hugging Face checkpoint in bf16) are quantized at load time:
 int4 by each group's min and max, int8 by each row's largest magnitude.
@@ -39,7 +38,6 @@ int4 by each group's min and max, int8 by each row's largest magnitude.
 from __future__ import annotations
 
 import functools
-import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -238,58 +236,41 @@ class Int4Weights:
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
 
 
-class KernelInt4Weights:
-    """Groupwise int4 weights for a ``hetero_kernels`` CPU matmul module (its ``pack`` lays them out,
-    its ``matmul`` multiplies them), outputs in the activations' dtype."""
+class PackedWeights:
+    """Group-quantized weights in ``hetero_kernels.cpu_packed``'s layout, multiplied by ``multiply`` (the
+    VNNI kernel's ``matmul`` or the portable twin's), outputs in the activations' dtype; called with
+    output rows and a buffer, it widens those rows into it (a many-row step's tile, an embedding lookup)."""
 
-    def __init__(self, weight: GroupQuantized, kernel: Any) -> None:
-        self.multiply, self.out_features = kernel.matmul, weight.shape[0]
-        self.packed, self.factors = kernel.pack(
-            weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy()
-        )
+    def __init__(self, weight: GroupQuantized | ByteQuantized, multiply: Any) -> None:
+        from hetero_kernels import cpu_packed
+
+        self.multiply, self.out_features, self._unpack = multiply, weight.shape[0], cpu_packed.unpack
+        scale = weight.scale.float().numpy()
+        if isinstance(weight, GroupQuantized):
+            self.packed, self.factors = cpu_packed.pack4(weight.q.numpy(), scale, weight.minimum.float().numpy())
+        else:
+            self.packed, self.factors = cpu_packed.pack8(weight.q.numpy(), scale, weight.offset.float().numpy())
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
         self.multiply(kernel_array(x.contiguous()), self.packed, self.factors, kernel_array(out))
         return out
 
-
-class TiledInt4Weights(KernelInt4Weights):
-    """Groupwise int4 weights for ``hetero_kernels.cpu_int4_tiles``: bfloat16 dot products (AVX-512
-    BF16) of the exact weights with tiles of up to eight activation rows. For bfloat16 activations,
-    outputs a multiple of 16 and inputs a multiple of 32."""
+    def __call__(self, indices: np.ndarray, out: torch.Tensor) -> None:
+        self._unpack(self.packed, self.factors, indices, kernel_array(out))
 
 
-class VnniInt4Weights(KernelInt4Weights):
-    """Groupwise int4 weights for ``hetero_kernels.cpu_int4``: integer dot products (AVX-512 VNNI) with
-    the activations quantized to 16 bits per group, finer than bfloat16 rounds them; scales and
-    minimums stay exact. For float32 or bfloat16 activations and inputs a multiple of 64."""
-
-
-def cpu_kernel(name: str, dtype: torch.dtype, device: torch.device, dtypes: tuple[torch.dtype, ...]) -> Any:
-    """The CPU kernel module ``hetero_kernels.<name>`` where it runs here (installed, this CPU, the
-    activations' ``dtype`` among ``dtypes``), else None."""
-    if device.type != "cpu" or dtype not in dtypes:
+def packed_matmul(dtype: torch.dtype, device: torch.device) -> tuple[Any, bool] | None:
+    """``(matmul, vnni)`` for :class:`PackedWeights` on this host: ``hetero_kernels.cpu_packed_vnni``'s where
+    it runs (AVX-512 VNNI, float32 or bfloat16 activations), else the portable twin's; None off the CPU,
+    for other dtypes, or without ``hetero_kernels``."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         return None
     try:
-        kernel = importlib.import_module(f"hetero_kernels.{name}")
+        from hetero_kernels import cpu_packed, cpu_packed_vnni
     except ImportError:
         return None
-    return kernel if kernel.SUPPORTED else None
-
-
-def vnni_kernel(dtype: torch.dtype, device: torch.device, in_features: int) -> Any:
-    """``hetero_kernels.cpu_int4`` where it can run these weights (installed, this CPU, dtype and shape), else None."""
-    kernel = cpu_kernel("cpu_int4", dtype, device, (torch.float32, torch.bfloat16))
-    return kernel if kernel is not None and in_features % kernel.PAIR == 0 else None
-
-
-def tiles_kernel(dtype: torch.dtype, device: torch.device, shape: torch.Size) -> Any:
-    """``hetero_kernels.cpu_int4_tiles`` where it can run these weights (installed, this CPU, bfloat16
-    activations and shape), else None."""
-    kernel = cpu_kernel("cpu_int4_tiles", dtype, device, (torch.bfloat16,))
-    fits = kernel is not None and shape[0] % kernel.OUTPUTS == 0 and shape[1] % kernel.GROUP_SIZE == 0
-    return kernel if fits else None
+    return (cpu_packed_vnni.matmul, True) if cpu_packed_vnni.SUPPORTED else (cpu_packed.matmul, False)
 
 
 class SplitInt4Weights(Int4Weights):
@@ -311,18 +292,6 @@ class SplitInt4Weights(Int4Weights):
         return super().matmul(torch.cat([x, x], dim=1))
 
 
-class VnniInt8Weights(KernelInt4Weights):
-    """:class:`ByteQuantized` weights whole, for ``hetero_kernels.cpu_int4.matmul8``: one integer dot
-    product per weight byte, half the work of the two int4 halves. For float32 or bfloat16
-    activations and inputs a multiple of 64."""
-
-    def __init__(self, weight: ByteQuantized, kernel: Any) -> None:
-        self.multiply, self.out_features = kernel.matmul8, weight.shape[0]
-        self.packed, self.factors = kernel.pack8(
-            weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy()
-        )
-
-
 class Int8Weights:
     """Per-output-channel symmetric int8 weights."""
 
@@ -339,17 +308,6 @@ class Int8Weights:
         return torch._weight_int8pack_mm(x, self.weight, self.scale)
 
 
-class KernelRows:
-    """Rows of weights widened by ``hetero_kernels.cpu_unpack`` from a ``cpu_int4`` layout (``unpack``
-    is its ``unpack4`` or ``unpack8``), into a tensor of the model's dtype."""
-
-    def __init__(self, unpack: Any, packed: np.ndarray, factors: np.ndarray) -> None:
-        self.unpack, self.packed, self.factors = unpack, packed, factors
-
-    def __call__(self, indices: np.ndarray, out: torch.Tensor) -> None:
-        self.unpack(self.packed, self.factors, indices, kernel_array(out))
-
-
 class Int8Rows:
     """Rows of :class:`Int8Weights` widened by torch."""
 
@@ -361,7 +319,7 @@ class Int8Rows:
         out.copy_(self.weights.weight[index].float() * self.weights.scale.float()[index, None])
 
 
-Rows = KernelRows | Int8Rows
+Rows = PackedWeights | Int8Rows
 # weights widened at a time for a matmul of many rows (8 MiB in bf16):
 # fewer, larger matmuls measured faster than L2-sized ones
 TILE_WEIGHTS = 1 << 22
@@ -372,25 +330,23 @@ class PackedLinear:
     outputs at a time (``rows``) into a buffer of the model's dtype, multiplied densely -- or, where
     asked (``dense``, the executor's ``dense_copy``) or no widening is at hand, a dense copy.
 
-    torch's packed kernels cost about linearly in the rows (they do not reuse a
-    widened weight across rows), while the dense bf16 matmul costs nearly the
-    same from 1 to 32 rows, so packed wins only for a few rows
-    (``benchmarks/linear.py``). The tiled kernel does reuse them and serves
-    up to :data:`TILED_MAX_ROWS`. The widened weights are the packed weights'
-    own values, so a model computes the same function at every batch size (up
-    to rounding: the VNNI kernel's 16-bit activation steps, torch's kernel's
-    bfloat16 scales, the widened weights' bfloat16).
+    The VNNI kernel reads each weight once for all of a step's rows, and its
+    cost grows with the rows about as a widening plus oneDNN's dense bf16
+    matmul does from 16 rows (``benchmarks/linear.py``); torch's int4 kernel
+    costs linearly in the rows from fewer. The widened weights are the packed
+    weights' own values, so a model computes the same function at every batch
+    size (up to rounding: the VNNI kernel's 16-bit activation steps, torch's
+    kernel's bfloat16 scales, the widened weights' bfloat16).
     """
 
     def __init__(
         self,
-        packed: Int4Weights | TiledInt4Weights | SplitInt4Weights | VnniInt8Weights | Int8Weights,
+        packed: PackedWeights | Int4Weights | SplitInt4Weights | Int8Weights,
         shape: torch.Size,
         dtype: torch.dtype,
         bias: torch.Tensor | None,
         max_rows: int = 0,
         table: bool = False,
-        vnni: VnniInt4Weights | None = None,
         rows: Rows | None = None,
         dense: torch.Tensor | None = None,
     ) -> None:
@@ -399,15 +355,13 @@ class PackedLinear:
         self.packed, self.bias, self.dtype = packed, bias, dtype
         self.out_features, self.in_features = shape
         self.max_rows = max_rows or PACKED_MAX_ROWS
-        self.vnni = vnni  # the same weights for steps of up to VNNI_MAX_ROWS rows, where the CPU has VNNI
         self.rows = rows
         self.dense_linear = None if dense is None else DenseLinear(dense, bias, table)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        count = x.shape[0]
-        if count > self.max_rows:
+        if x.shape[0] > self.max_rows:
             return self.dense_linear(x) if self.dense_linear is not None else self._widened(x)
-        out = (self.vnni if self.vnni is not None and count <= VNNI_MAX_ROWS else self.packed).matmul(x)
+        out = self.packed.matmul(x)
         return out if self.bias is None else out + self.bias
 
     def _widened(self, x: torch.Tensor) -> torch.Tensor:
@@ -440,22 +394,22 @@ class PackedLinear:
         self.rows(ids.to(torch.int64).numpy(), out)
         return out
 
-    def int4_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The weights as ``hetero_kernels.cpu_int4`` takes them, ``(bytes, factors)`` (4-bit, or 8-bit
-        as ``int8`` bytes), where that kernel computes this layer (up to ``VNNI_MAX_ROWS`` rows; no bias
-        to add), else None."""
-        vnni = self.packed if isinstance(self.packed, VnniInt8Weights) else self.vnni
-        return (vnni.packed, vnni.factors) if self.bias is None and vnni is not None else None
-
-    def tiled_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The weights as ``hetero_kernels.cpu_int4_tiles`` takes them, ``(bytes, factors)``, where that
-        kernel computes this layer (up to ``max_rows`` rows, above ``VNNI_MAX_ROWS`` where the VNNI
-        kernel serves; no bias to add), else None."""
-        usable = self.bias is None and isinstance(self.packed, TiledInt4Weights)
-        return (self.packed.packed, self.packed.factors) if usable else None
+    def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The weights as ``hetero_kernels.cpu_packed_vnni.matmul`` takes them, ``(bytes, factors)``, where that
+        kernel computes this layer (up to ``max_rows`` rows; no bias to add), else None."""
+        usable = self.bias is None and isinstance(self.packed, PackedWeights) and self.packed is self.rows
+        return (self.packed.packed, self.packed.factors) if usable and _is_vnni(self.packed.multiply) else None
 
 
-PACKED_MAX_ROWS = 8
+def _is_vnni(multiply: Any) -> bool:
+    return getattr(multiply, "__module__", "") == "hetero_kernels.cpu_packed_vnni"
+
+
+PACKED_MAX_ROWS = 16  # the VNNI kernel's; from here a widening and a dense matmul cost as much
+TORCH_INT4_MAX_ROWS = 8  # torch's int4 kernel costs linearly in the rows: from here the dense matmul wins
+PORTABLE_MAX_ROWS = 1  # the portable twin is plain Numba: from two rows the widening wins
+SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
+TORCH_INT4_OUTPUTS = 16  # torch's int4 packing takes outputs in multiples of this
 
 
 @functools.cache
@@ -468,56 +422,26 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(word for line in lines if line.startswith("flags") for word in line.split(":", 1)[1].split())
 
 
-# The tiled kernel took the same time as oneDNN's bf16 matmul at 32 rows on AVX-512 and less below
-# (Zen 4, docs/design/2026-11-26-cpu-int4-linear-kernels.md). With AMX, oneDNN's matmul is nearly
-# flat in the rows: the tiled kernel keeps only the steps torch's int4 kernel served there.
-TILED_MAX_ROWS = PACKED_MAX_ROWS if "amx_bf16" in cpu_flags() else 32
-TORCH_INT4_OUTPUTS = 16  # torch's int4 packing takes outputs in multiples of this
-VNNI_MAX_ROWS = 2  # it multiplies each row on its own: from three rows torch's int4 kernel is faster
-SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
-
-
-def unpack_kernels() -> tuple[Any, Any] | None:
-    """``(hetero_kernels.cpu_int4, hetero_kernels.cpu_unpack)`` where installed: their packing and
-    widening are plain Numba and run on any CPU, whether or not it can run ``cpu_int4``'s matmuls."""
-    try:
-        return importlib.import_module("hetero_kernels.cpu_int4"), importlib.import_module("hetero_kernels.cpu_unpack")
-    except ImportError:
-        return None
-
-
 def fine_groups_run_packed() -> bool:
-    """Whether :class:`ByteQuantized` weights in groups of 16 run packed on this host (``hetero_kernels.cpu_int4`` runs
-    here); elsewhere they are widened to dense ones at load."""
-    return vnni_kernel(torch.float32, torch.device("cpu"), 2 * GROUP_SIZE) is not None and unpack_kernels() is not None
+    """Whether :class:`ByteQuantized` weights in groups of 16 run packed on this host (``hetero_kernels`` is
+    installed: its packed layout takes them on any CPU); elsewhere they are widened to dense ones at load."""
+    return packed_matmul(torch.float32, torch.device("cpu")) is not None
 
 
-def four_bit_rows(weight: GroupQuantized, vnni: VnniInt4Weights | None) -> KernelRows | None:
-    """The widening of 4-bit weights: from the VNNI kernel's bytes where it holds them, else from the
-    same layout packed for it; None without the kernels or for inputs not a multiple of 64."""
-    kernels = unpack_kernels()
-    if kernels is None or weight.shape[1] % (2 * GROUP_SIZE):
-        return None
-    int4, unpack = kernels
-    if vnni is not None:
-        return KernelRows(unpack.unpack4, vnni.packed, vnni.factors)
-    return KernelRows(
-        unpack.unpack4, *int4.pack(weight.q.numpy(), weight.scale.float().numpy(), weight.minimum.float().numpy())
-    )
-
-
-def eight_bit_rows(weight: ByteQuantized, packed: SplitInt4Weights | VnniInt8Weights) -> KernelRows | None:
-    """The widening of 8-bit weights: from the VNNI kernel's bytes, else from the same layout packed for
-    it; None without the kernels or for inputs not a multiple of 64."""
-    kernels = unpack_kernels()
-    if kernels is None or weight.shape[1] % (2 * GROUP_SIZE):
-        return None
-    int4, unpack = kernels
-    if isinstance(packed, VnniInt8Weights):
-        return KernelRows(unpack.unpack8, packed.packed, packed.factors)
-    return KernelRows(
-        unpack.unpack8, *int4.pack8(weight.q.numpy(), weight.scale.float().numpy(), weight.offset.float().numpy())
-    )
+def _kernel_for_few_rows(
+    weight: GroupQuantized | ByteQuantized, layout: PackedWeights, vnni: bool, dtype: torch.dtype
+) -> tuple[PackedWeights | Int4Weights | SplitInt4Weights, int]:
+    """What multiplies steps of a few rows, and up to how many: the layout on the VNNI kernel; without VNNI,
+    torch's int4 kernel where it takes the weights (4-bit, or 8-bit groups of 32 as two halves), else the
+    layout's portable twin, for single rows."""
+    if vnni:
+        return layout, PACKED_MAX_ROWS
+    if weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
+        if isinstance(weight, GroupQuantized):
+            return Int4Weights(weight, dtype), TORCH_INT4_MAX_ROWS
+        if weight.group_size == GROUP_SIZE:
+            return SplitInt4Weights(weight, dtype), SPLIT_MAX_ROWS
+    return layout, PORTABLE_MAX_ROWS
 
 
 def make_linear(
@@ -528,43 +452,27 @@ def make_linear(
     device: torch.device,
     table: bool = False,
     dense_copy: bool = False,
-    small_batch_kernels: bool = True,
 ) -> Linear:
     """A linear layer holding ``weight`` in ``weight_format``: ``dense`` (the model's dtype), ``int8``,
     ``int4`` or ``auto`` (packed for weights that arrive group-quantized, else dense). A ``table``
     also looks up embeddings. Packed weights keep a dense copy for steps of many rows only with
-    ``dense_copy`` or where they cannot be widened a tile at a time. Without ``small_batch_kernels``,
-    4-bit weights the VNNI kernel runs are held in its layout alone, and steps over its rows widen them."""
+    ``dense_copy`` or where they cannot be widened a tile at a time (without ``hetero_kernels``)."""
     if weight_format == "auto":
         weight_format = "dense" if isinstance(weight, torch.Tensor) else "int4"
-    if weight_format == "int4" and isinstance(weight, ByteQuantized):
-        kernel = vnni_kernel(dtype, device, weight.shape[1])
-        if kernel is not None:  # each weight row is read once for every activation row: 8 rows cost 2 rows' time
-            packed, max_rows = VnniInt8Weights(weight, kernel), PACKED_MAX_ROWS
-        elif weight.group_size == GROUP_SIZE and weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
-            packed, max_rows = SplitInt4Weights(weight, dtype), SPLIT_MAX_ROWS
-        else:
-            return DenseLinear(weight.dequantize().to(device=device, dtype=dtype), bias, table)
-        rows = eight_bit_rows(weight, packed)
-        dense = weight.dequantize().to(dtype) if dense_copy or rows is None else None
-        return PackedLinear(packed, weight.shape, dtype, bias, max_rows, table, rows=rows, dense=dense)
     if weight_format == "int4" and weight.shape[1] % GROUP_SIZE == 0:
-        quantized = weight if isinstance(weight, GroupQuantized) else GroupQuantized.from_dense(weight)
-        kernel = vnni_kernel(dtype, device, quantized.shape[1])
-        vnni = None if kernel is None else VnniInt4Weights(quantized, kernel)
-        second = small_batch_kernels or vnni is None  # a layout for steps of a few rows beside the VNNI kernel's
-        tiles = tiles_kernel(dtype, device, quantized.shape) if second else None
-        if tiles is not None:
-            packed, max_rows = TiledInt4Weights(quantized, tiles), TILED_MAX_ROWS
-        elif second and quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
-            packed, max_rows = Int4Weights(quantized, dtype), PACKED_MAX_ROWS
-        elif vnni is not None:
-            packed, max_rows = vnni, VNNI_MAX_ROWS
-        else:
-            return DenseLinear(quantized.dequantize().to(device=device, dtype=dtype), bias, table)
-        rows = four_bit_rows(quantized, vnni)
-        dense = quantized.dequantize().to(dtype) if dense_copy or rows is None else None
-        return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, vnni, rows, dense)
+        quantized = weight if not isinstance(weight, torch.Tensor) else GroupQuantized.from_dense(weight)
+        kernels = packed_matmul(dtype, device)
+        if kernels is not None:
+            layout = PackedWeights(quantized, kernels[0])
+            packed, max_rows = _kernel_for_few_rows(quantized, layout, kernels[1], dtype)
+            dense = quantized.dequantize().to(dtype) if dense_copy else None
+            return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, layout, dense)
+        if isinstance(quantized, GroupQuantized) and quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
+            dense = quantized.dequantize().to(dtype)
+            return PackedLinear(
+                Int4Weights(quantized, dtype), quantized.shape, dtype, bias, TORCH_INT4_MAX_ROWS, table, dense=dense
+            )
+        return DenseLinear(quantized.dequantize().to(device=device, dtype=dtype), bias, table)
     if weight_format in ("int4", "int8"):
         int8 = Int8Weights(as_dense(weight), dtype)
         dense = int8.dequantize().to(dtype) if dense_copy else None

@@ -153,7 +153,7 @@ def test_fused_steps_need_the_cache_in_the_model_dtype(tiny_model, dtype, kv_cac
 
 @pytest.fixture(scope="module")
 def int4_ready_model(tmp_path_factory):
-    """The tiny model with every projection's inputs a multiple of 64, as the VNNI int4 kernel takes them."""
+    """The tiny model with an intermediate size of 128."""
     return write_tiny_model(tmp_path_factory.mktemp("tiny-llama-128"), intermediate_size=128)
 
 
@@ -176,59 +176,19 @@ def int4_executor(model, dtype: str) -> TorchExecutor:
     executor = TorchExecutor(
         EngineConfig(model=str(model)), dtype=dtype, weights="int4", device="cpu", attention="numba"
     )
-    if executor.model.fused.vnni_rows == 0:
+    if executor.model.fused.packed_rows == 0:
         pytest.skip("no VNNI int4 kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     return executor
 
 
-@pytest.mark.parametrize("sequences", [1, 2])
+@pytest.mark.parametrize("sequences", [1, 2, 3])
 def test_a_layer_in_one_call_computes_its_kernels_calls(int4_ready_model, sequences: int) -> None:
     """float32: a decode step through ``cpu_layer`` (one call per layer) equals the same kernels called one by one."""
     executor = int4_executor(int4_ready_model, "float32")
-    assert sequences <= executor.model.fused.vnni_rows
+    assert sequences <= executor.model.fused.packed_rows
     packed = decode_step(executor, sequences)
-    executor.model.fused.vnni_rows = 0  # the layers' kernels called from Python, one by one
+    executor.model.fused.packed_rows = 0  # the layers' kernels called from Python, one by one
     assert torch.equal(packed, decode_step(executor, sequences))
-
-
-def test_tiled_layers_in_one_call_compute_their_kernels_calls(int4_ready_model) -> None:
-    """bfloat16, three sequences: a decode step through ``cpu_layer`` on the tiled int4 kernel equals
-    the same kernels called one by one, bit for bit."""
-    executor = TorchExecutor(
-        EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba"
-    )
-    fused = executor.model.fused
-    if fused.tiled_rows == 0:
-        pytest.skip("no tiled int4 kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set)")
-    assert fused.vnni_rows < 3 <= fused.tiled_rows
-    one_call = decode_step(executor, 3)
-    fused.tiled_rows = 0
-    assert torch.equal(one_call, decode_step(executor, 3))
-
-
-def test_without_small_batch_kernels_the_vnni_layout_alone_serves_and_a_few_rows_widen_it(int4_ready_model) -> None:
-    """``small_batch_kernels: false`` holds 4-bit weights in the VNNI layout only: one sequence still runs
-    the one-call layers on it; three widen the same weights, computing what the default's kernels do."""
-    lean = TorchExecutor(
-        EngineConfig(model=str(int4_ready_model)),
-        dtype="bfloat16",
-        weights="int4",
-        device="cpu",
-        attention="numba",
-        small_batch_kernels=False,
-    )
-    if lean.model.fused.vnni_rows == 0:
-        pytest.skip("no VNNI int4 kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
-    layer = lean.model.layers[0].gate_up
-    assert layer.packed is layer.vnni and lean.model.fused.tiled_rows == 0
-    default = TorchExecutor(
-        EngineConfig(model=str(int4_ready_model)), dtype="bfloat16", weights="int4", device="cpu", attention="numba"
-    )
-    for sequences in (1, 3):
-        expected = decode_step(default, sequences)
-        torch.testing.assert_close(
-            decode_step(lean, sequences), expected, atol=0.05 * float(expected.abs().max()), rtol=0
-        )
 
 
 def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model) -> None:
@@ -237,7 +197,7 @@ def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model)
     reference = decode_step(int4_executor(int4_ready_model, "float32"), 2)
     executor = int4_executor(int4_ready_model, "bfloat16")
     packed = decode_step(executor, 2)
-    executor.model.fused.vnni_rows = executor.model.fused.tiled_rows = 0
+    executor.model.fused.packed_rows = 0
     rounded = decode_step(executor, 2)
     assert float((packed - reference).abs().mean()) < float((rounded - reference).abs().mean())
 
@@ -245,7 +205,7 @@ def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model)
 @pytest.mark.parametrize("weight_type", ["Q8_0", "Q5_1", "Q6_K"])
 def test_8_bit_layers_in_one_call_compute_their_kernels_calls(int4_ready_model, tmp_path, weight_type: str) -> None:
     """A GGUF's 8-bit groups (Q8_0; Q5_1 with its offsets; Q6_K's groups of 16, in a model wide enough
-    for its blocks of 256) run in the one-call layer on ``cpu_int4.matmul8``, equal to the same kernels
+    for its blocks of 256) run in the one-call layer on ``cpu_packed_vnni.matmul``, equal to the same kernels
     called one by one."""
     gguf = pytest.importorskip("gguf")
     model = (
@@ -257,8 +217,8 @@ def test_8_bit_layers_in_one_call_compute_their_kernels_calls(int4_ready_model, 
     executor = TorchExecutor(
         EngineConfig(model=str(path)), dtype="float32", weights="int4", device="cpu", attention="numba"
     )
-    if executor.model.fused.vnni_rows == 0:
+    if executor.model.fused.packed_rows == 0:
         pytest.skip("no VNNI kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set)")
     one_call = decode_step(executor, 2)
-    executor.model.fused.vnni_rows = 0
+    executor.model.fused.packed_rows = 0
     assert torch.equal(one_call, decode_step(executor, 2))

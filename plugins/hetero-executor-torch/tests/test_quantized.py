@@ -23,16 +23,14 @@ from hetero_executor_torch.plugin import TorchExecutorOptions
 from hetero_executor_torch.quantized import (
     PACKED_MAX_ROWS,
     SPLIT_MAX_ROWS,
-    TILED_MAX_ROWS,
-    VNNI_MAX_ROWS,
+    TORCH_INT4_MAX_ROWS,
     GroupQuantized,
     PackedLinear,
+    PackedWeights,
     SplitInt4Weights,
-    TiledInt4Weights,
-    VnniInt8Weights,
-    cpu_kernel,
     make_linear,
     onednn_blocked,
+    packed_matmul,
 )
 
 from .test_tiny_model import our_logits
@@ -41,9 +39,9 @@ CPU = torch.device("cpu")
 Q4 = [gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1]
 
 
-def activation_steps(x: torch.Tensor, weights: torch.Tensor, limit: int = 32767) -> torch.Tensor:
-    """How far the VNNI kernels may move each output by quantizing the activations to 16 bits per
-    group of 32 (the largest magnitude to ``limit``): half a step per input times its weight (torch's
+def activation_steps(x: torch.Tensor, weights: torch.Tensor, limit: int = 32639) -> torch.Tensor:
+    """How far the packed layout's kernels may move each output by quantizing the activations to 16 bits
+    per group of 32 (the largest magnitude to ``limit``): half a step per input times its weight (torch's
     kernels take them as they are)."""
     step = x.abs().view(x.shape[0], -1, 32).amax(-1) / limit
     return (step.repeat_interleave(32, dim=1) / 2) @ weights.abs().T
@@ -54,15 +52,14 @@ def assert_within(actual: torch.Tensor, expected: torch.Tensor, slack: torch.Ten
     assert float(excess.max()) <= 0, f"off by {float(excess.max())} beyond the allowed"
 
 
-def kernel_here(name: str) -> bool:
-    """Whether ``hetero_kernels.<name>`` is installed and runs on this CPU."""
-    return cpu_kernel(name, torch.bfloat16, CPU, (torch.bfloat16,)) is not None
+def vnni_here() -> bool:
+    """Whether ``hetero_kernels.cpu_packed_vnni`` runs on this CPU (not with the portable paths forced)."""
+    kernels = packed_matmul(torch.float32, CPU)
+    return kernels is not None and kernels[1]
 
 
 def uses_vnni(linear: PackedLinear) -> bool:
-    if isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights)):
-        return isinstance(linear.packed, VnniInt8Weights)
-    return linear.vnni is not None
+    return linear.kernel_arrays() is not None
 
 
 @pytest.mark.parametrize("kind", Q4, ids=lambda k: k.name)
@@ -109,9 +106,7 @@ def test_int4_from_dense_errs_at_most_half_a_step(rows: int, out_blocks: int, in
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "rows",
-    sorted(
-        {1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1, TILED_MAX_ROWS, TILED_MAX_ROWS + 1}
-    ),
+    sorted({1, 2, 3, 5, TORCH_INT4_MAX_ROWS, TORCH_INT4_MAX_ROWS + 1, PACKED_MAX_ROWS, PACKED_MAX_ROWS + 1}),
 )
 def test_packed_linear_equals_the_dense_linear_of_its_own_weights(fmt: str, dtype: torch.dtype, rows: int) -> None:
     torch.manual_seed(0)
@@ -165,51 +160,49 @@ def test_the_files_q4_1_weights_run_packed_as_they_dequantize(smollm2_tensors, n
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q4_1
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
-    assert uses_vnni(linear) == kernel_here("cpu_int4")
-    for rows in (1, VNNI_MAX_ROWS, linear.max_rows):  # the VNNI kernel's rows where it runs, then torch's kernel's
+    assert uses_vnni(linear) == vnni_here()
+    for rows in sorted({1, 2, 3, 5, linear.max_rows}):  # the VNNI kernel's row chunks of 4, 2 and 1
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(2))
         assert_within(linear(x), x @ dense.T, activation_steps(x, dense), 1e-5)
     torch.testing.assert_close(linear.dense(), dense)
 
 
 @pytest.mark.model  # the embedded model's weights
-def test_the_files_q4_1_weights_run_tiled_for_a_few_bf16_rows(smollm2_tensors) -> None:
-    """bfloat16 activations, more rows than the VNNI kernel takes and at most the packed kernel's: the
-    tiled kernel (where this CPU has AVX-512 BF16) reproduces the float32 matmul of the dequantized
-    weights but for rounding its result. (How many rows it takes depends on the CPU: steps of more rows
-    multiply bfloat16-rounded weights, which this bound does not hold.)"""
+def test_the_files_q4_1_weights_run_packed_for_bf16_rows(smollm2_tensors) -> None:
+    """bfloat16 activations, up to the packed kernel's rows: the VNNI kernel reproduces the float32 matmul
+    of the dequantized weights but for its 16-bit activation steps and rounding the result to bfloat16."""
+    if not vnni_here():
+        pytest.skip(
+            "no VNNI kernel here (no AVX-512 VNNI, or HETERO_KERNELS_PORTABLE set): "
+            "torch's int4 kernel rounds its scales to bf16"
+        )
     tensor = smollm2_tensors["blk.3.ffn_up.weight"]
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
-    assert isinstance(linear.packed, TiledInt4Weights) == kernel_here("cpu_int4_tiles")
-    if not kernel_here("cpu_int4_tiles"):
-        pytest.skip(
-            "no tiled kernel here (no AVX-512 BF16, or HETERO_KERNELS_PORTABLE set): "
-            "torch's int4 kernel rounds its scales to bf16"
-        )
-    for rows in sorted({VNNI_MAX_ROWS + 1, (VNNI_MAX_ROWS + 1 + linear.max_rows) // 2, linear.max_rows}):
+    for rows in sorted({1, 3, 9, linear.max_rows}):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
         expected = x.float() @ dense.T
         out = linear(x)
         assert out.dtype == torch.bfloat16
-        assert_within(out.float(), expected, torch.zeros(()), 2**-8)  # the result's rounding to bfloat16
+        # the result's rounding to bfloat16, on top of the activations' steps
+        assert_within(out.float(), expected, activation_steps(x.float(), dense), 2**-8)
 
 
 @pytest.mark.model  # the embedded model's weights
-@pytest.mark.parametrize("rows", sorted({1, SPLIT_MAX_ROWS + 1, VNNI_MAX_ROWS, VNNI_MAX_ROWS + 1}))
+@pytest.mark.parametrize("rows", sorted({1, SPLIT_MAX_ROWS + 1, 5}))
 def test_the_files_q8_0_head_runs_packed_as_it_dequantizes(smollm2_tensors, rows: int) -> None:
-    """The embedding / head table (Q8_0): packed whole for the VNNI kernel, else as two int4 halves,
-    it reproduces its dequantized float32 matmul."""
+    """The embedding / head table (Q8_0): packed whole for the VNNI kernel, else as two int4 halves for
+    torch's kernel, it reproduces its dequantized float32 matmul."""
     tensor = smollm2_tensors["token_embd.weight"]
     assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.float32, CPU)
-    assert isinstance(linear, PackedLinear) and isinstance(linear.packed, (SplitInt4Weights, VnniInt8Weights))
-    assert uses_vnni(linear) == kernel_here("cpu_int4")
+    assert isinstance(linear, PackedLinear) and isinstance(linear.packed, (SplitInt4Weights, PackedWeights))
+    assert uses_vnni(linear) == vnni_here()
     x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(3))
     high, low = group_form(tensor.data, tensor.tensor_type).halves()
     magnitudes = high.dequantize().abs() + low.dequantize().abs()  # at least the weight's, each half quantized alike
-    assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes, 32639 if uses_vnni(linear) else 32767), 1e-5)
+    assert_within(linear(x), x @ dense.T, activation_steps(x, magnitudes), 1e-5)
     torch.testing.assert_close(linear.embed(torch.tensor([0, 7, 49151])), dense[[0, 7, 49151]])
 
 
