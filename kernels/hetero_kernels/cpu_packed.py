@@ -42,8 +42,10 @@ dense matmul, an embedding lookup).
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32
 from hetero_kernels.elements import get, put
@@ -236,25 +238,129 @@ def matmul(x, weights, factors, out):
                 put(out[t], b * ROWS + r, totals[r])
 
 
+def _make_widen(vectors: int):
+    """An intrinsic that widens group ``g`` of one block (its ``vectors`` stored vectors, as :func:`pack4`
+    or :func:`pack8` lay them out) into ``columns`` ``[in, width]`` (float32, or bfloat16 bits rounded to
+    nearest even), the block's sixteen output rows as sixteen adjacent columns from ``column``: ``scale *
+    q + minimum`` (``q + 128`` for 8-bit weights). Plain LLVM vector operations, which LLVM lowers for
+    any CPU: a vector's 64 bytes become sixteen rows' four inputs as floats, regrouped into four runs of
+    sixteen rows, each stored whole into its input's row of ``columns``."""
+
+    def codegen(context, builder, signature, args):
+        weights, factors, columns = (
+            context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], args[:3], strict=True)
+        )
+        column, g = args[3], args[4]
+        i8, i16, i32, i64, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+        floats, words = ir.VectorType(f32, ROWS), ir.VectorType(i32, ROWS)
+        bytes64 = ir.VectorType(i8, VECTOR)
+        four_bit = signature.args[0].dtype == types.uint8
+        bfloat16 = signature.args[2].dtype == types.uint16
+        group = GROUP_SIZE if four_bit else vectors * LANE
+        width = cgutils.unpack_tuple(builder, columns.shape)[1]
+        start = builder.mul(g, ir.Constant(i64, group))
+
+        def address(array, index, pointee):
+            return builder.bitcast(builder.gep(array.data, [index]), pointee.as_pointer())
+
+        def lanes(values):
+            return ir.Constant(ir.VectorType(i32, len(values)), values)
+
+        def factor_vector(which):
+            index = builder.add(builder.mul(g, ir.Constant(i64, 2 * ROWS)), ir.Constant(i64, ROWS * which))
+            if signature.args[1].dtype == types.uint16:  # float16 bits
+                bits = builder.load(address(factors, index, ir.VectorType(i16, ROWS)), align=1)
+                return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), ROWS)), floats)
+            return builder.load(address(factors, index, floats), align=1)
+
+        scale, minimum = factor_vector(0), factor_vector(1)
+        # quarter q of a vector holds rows 4q .. 4q + 3, four inputs each: each row's factor over its four
+        spread = [lanes([4 * q + lane // 4 for lane in range(16)]) for q in range(4)]
+        scales = [builder.shuffle_vector(scale, scale, mask) for mask in spread]
+        minimums = [builder.shuffle_vector(minimum, minimum, mask) for mask in spread]
+        parts = []
+        for k in range(vectors):
+            offset = builder.add(builder.mul(g, ir.Constant(i64, vectors)), ir.Constant(i64, k))
+            raw = builder.load(address(weights, builder.mul(offset, ir.Constant(i64, VECTOR)), bytes64), align=1)
+            if four_bit:  # low nibbles: inputs 4k .. 4k + 3; high ones: 16 more
+                parts.append((builder.and_(raw, ir.Constant(bytes64, [15] * VECTOR)), LANE * k))
+                parts.append((builder.lshr(raw, ir.Constant(bytes64, [4] * VECTOR)), 16 + LANE * k))
+            else:  # q + 128: the sign bit flipped
+                parts.append((builder.xor(raw, ir.Constant(bytes64, [-128] * VECTOR)), LANE * k))
+        for values, first in parts:
+            wide = builder.zext(values, ir.VectorType(i32, VECTOR))
+            quarters = []
+            for q in range(4):
+                quarter = builder.uitofp(
+                    builder.shuffle_vector(wide, wide, lanes(list(range(16 * q, 16 * q + 16)))), floats
+                )
+                product = builder.fmul(quarter, scales[q], flags=["contract"])
+                quarters.append(builder.fadd(product, minimums[q], flags=["contract"]))
+            for i in range(LANE):  # input i of the four: rows 0..15 from lanes i, 4 + i, ...
+                pick = [4 * row + i for row in range(4)] + [16 + 4 * row + i for row in range(4)]
+                low = builder.shuffle_vector(quarters[0], quarters[1], lanes(pick))
+                high = builder.shuffle_vector(quarters[2], quarters[3], lanes(pick))
+                run = builder.shuffle_vector(low, high, lanes(list(range(16))))
+                line = builder.add(start, ir.Constant(i64, first + i))
+                index = builder.add(builder.mul(line, width), column)
+                if bfloat16:  # round to nearest even, as elements.float32_to_bfloat16
+                    bits = builder.bitcast(run, words)
+                    odd = builder.and_(
+                        builder.lshr(bits, ir.Constant(words, [16] * ROWS)), ir.Constant(words, [1] * ROWS)
+                    )
+                    rounded = builder.add(builder.add(bits, ir.Constant(words, [0x7FFF] * ROWS)), odd)
+                    halves = builder.trunc(
+                        builder.lshr(rounded, ir.Constant(words, [16] * ROWS)), ir.VectorType(i16, ROWS)
+                    )
+                    builder.store(halves, address(columns, index, ir.VectorType(i16, ROWS)), align=2)
+                else:
+                    builder.store(run, address(columns, index, floats), align=4)
+        return context.get_dummy_value()
+
+    def widen(typingctx, weights, factors, columns, column, g):
+        return types.void(weights, factors, columns, column, g), codegen
+
+    return intrinsic(widen)
+
+
+_widen_4, _widen_8 = _make_widen(4), _make_widen(8)
+
+
+@njit(inline="always", **_OPTIONS)
+def _widen(block, factors, columns, column, g):
+    if block.shape[1] == 8:
+        _widen_8(block, factors, columns, column, g)
+    else:
+        _widen_4(block, factors, columns, column, g)
+
+
 @njit(parallel=True, **_OPTIONS)
-def _unpack(weights, factors, rows, out, table):
-    group = group_of(weights)
+def unpack_columns(weights, factors, first, columns):
+    """The weights of blocks ``first`` on, transposed: ``columns`` ``[in, width]`` (float32 or bfloat16
+    bits), column ``c`` = output row ``16 * first + c``, for as many whole blocks as ``width`` (a
+    multiple of 16) holds, or up to the last block. A dense matmul takes ``columns`` as the transposed
+    weights; the stores are whole runs of sixteen, where rows of the weights would take four at a time."""
+    blocks = min(columns.shape[1] // ROWS, weights.shape[0] - first)
+    for g in prange(weights.shape[1]):  # a group's rows of ``columns`` are written whole, left to right
+        for n in range(blocks):
+            _widen(weights[first + n], factors[first + n], columns, n * ROWS, g)
+
+
+@njit(parallel=True, **_OPTIONS)
+def _unpack(weights, factors, rows, out):
+    """Each row widened from its block's columns, a block at a time into a scratch tile."""
     for n in prange(rows.shape[0]):
         b, r = rows[n] // ROWS, rows[n] % ROWS
+        scratch = np.empty((out.shape[1], ROWS), np.float32)
         block, block_factors, line = weights[b], factors[b], out[n]
         for g in range(weights.shape[1]):
-            scale, minimum = _factor(block_factors, g, 0, r, table), _factor(block_factors, g, 1, r, table)
-            for vector in range(vectors_of(block)):
-                for i in range(LANE):
-                    put(
-                        line,
-                        g * group + vector * LANE + i,
-                        np.float32(_weight(block, g, vector, r * LANE + i)) * scale + minimum,
-                    )
+            _widen(block, block_factors, scratch, 0, g)
+        for c in range(line.shape[0]):
+            put(line, c, scratch[c, r])
 
 
 def unpack(weights: np.ndarray, factors: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
     """``out[n]`` = the weights of output row ``rows[n]`` (int64 indices), ``out`` ``[len(rows), in]``
     float32 or bfloat16 bits (``uint16``): one float32 multiply-add per weight, as the dequantized form
-    computes it."""
-    _unpack(weights, factors, rows, out, FLOAT16_BITS_TO_FLOAT32)
+    computes it (fused or not, as LLVM picks)."""
+    _unpack(weights, factors, np.asarray(rows, np.int64), out)

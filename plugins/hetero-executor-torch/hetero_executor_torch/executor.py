@@ -300,9 +300,9 @@ class TorchExecutor:
         32-sequence decode added half a second to a 0.5B model's start, more
         to a 3B one's). So the steps
         stay within the packed kernels' rows, and the first longer step pays
-        the widening kernels' first call (tens of milliseconds) instead; one
-        sequence runs the one-call layers, and three the tiled kernel where
-        the CPU has it and every layer takes them.
+        the widening kernels' first call (tens of milliseconds) instead; the
+        decodes of one and of three sequences run the one-call layers where
+        every layer takes them.
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         cuda = self.device.type == "cuda"

@@ -244,7 +244,8 @@ class PackedWeights:
     def __init__(self, weight: GroupQuantized | ByteQuantized, multiply: Any) -> None:
         from hetero_kernels import cpu_packed
 
-        self.multiply, self.out_features, self._unpack = multiply, weight.shape[0], cpu_packed.unpack
+        self.multiply, self.out_features = multiply, weight.shape[0]
+        self._unpack, self._columns = cpu_packed.unpack, cpu_packed.unpack_columns
         scale = weight.scale.float().numpy()
         if isinstance(weight, GroupQuantized):
             self.packed, self.factors = cpu_packed.pack4(weight.q.numpy(), scale, weight.minimum.float().numpy())
@@ -258,6 +259,11 @@ class PackedWeights:
 
     def __call__(self, indices: np.ndarray, out: torch.Tensor) -> None:
         self._unpack(self.packed, self.factors, indices, kernel_array(out))
+
+    def columns(self, start: int, out: torch.Tensor) -> None:
+        """Output rows ``start ..`` (a multiple of 16) widened as the columns of ``out`` ``[in, width]``
+        (``width`` a multiple of 16), as many as it holds or the weights have."""
+        self._columns(self.packed, self.factors, start // 16, kernel_array(out))
 
 
 def packed_matmul(dtype: torch.dtype, device: torch.device) -> tuple[Any, bool] | None:
@@ -318,6 +324,12 @@ class Int8Rows:
         index = torch.from_numpy(indices)
         out.copy_(self.weights.weight[index].float() * self.weights.scale.float()[index, None])
 
+    def columns(self, start: int, out: torch.Tensor) -> None:
+        """Output rows ``start ..`` widened as the columns of ``out`` ``[in, width]``."""
+        stop = min(start + out.shape[1], self.weights.weight.shape[0])
+        rows = self.weights.weight[start:stop].float() * self.weights.scale.float()[start:stop, None]
+        out[:, : stop - start].copy_(rows.t())
+
 
 Rows = PackedWeights | Int8Rows
 # weights widened at a time for a matmul of many rows (8 MiB in bf16):
@@ -365,19 +377,21 @@ class PackedLinear:
         return out if self.bias is None else out + self.bias
 
     def _widened(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T (+ bias)`` with ``W`` widened a tile of outputs at a time."""
-        tile = min(self.out_features, max(16, TILE_WEIGHTS // self.in_features // 16 * 16))
-        weights = torch.empty(tile, self.in_features, dtype=x.dtype)
-        if tile == self.out_features:
-            self.rows(np.arange(tile, dtype=np.int64), weights)
-            return F.linear(x, weights, self.bias)
-        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
-        for start in range(0, self.out_features, tile):
-            stop = min(start + tile, self.out_features)
-            part = weights[: stop - start]
-            self.rows(np.arange(start, stop, dtype=np.int64), part)
-            out[:, start:stop] = F.linear(x, part, None if self.bias is None else self.bias[start:stop])
-        return out
+        """``x @ W.T (+ bias)`` with ``W`` widened a tile of outputs at a time, transposed (``W.T``'s columns
+        are what the widening writes whole)."""
+        width = -(-self.out_features // 16) * 16
+        tile = min(width, max(16, TILE_WEIGHTS // self.in_features // 16 * 16))
+        columns = torch.empty(self.in_features, tile, dtype=x.dtype)
+        if tile >= self.out_features:
+            self.rows.columns(0, columns)
+            out = x @ columns[:, : self.out_features]
+        else:
+            out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+            for start in range(0, self.out_features, tile):
+                stop = min(start + tile, self.out_features)
+                self.rows.columns(start, columns)
+                out[:, start:stop] = x @ columns[:, : stop - start]
+        return out if self.bias is None else out + self.bias
 
     def dense(self) -> torch.Tensor:
         """The weights as a plain tensor in the model's dtype."""
@@ -405,7 +419,7 @@ def _is_vnni(multiply: Any) -> bool:
     return getattr(multiply, "__module__", "") == "hetero_kernels.cpu_packed_vnni"
 
 
-PACKED_MAX_ROWS = 16  # the VNNI kernel's; from here a widening and a dense matmul cost as much
+PACKED_MAX_ROWS = 32  # the VNNI kernel's; from about 50 a widening and a dense matmul cost less
 TORCH_INT4_MAX_ROWS = 8  # torch's int4 kernel costs linearly in the rows: from here the dense matmul wins
 PORTABLE_MAX_ROWS = 1  # the portable twin is plain Numba: from two rows the widening wins
 SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster

@@ -54,7 +54,7 @@ def test_a_quantized_gguf_runs_packed_as_it_runs_dense(tmp_path, architecture: s
     """The same quantized file in bf16, its weights packed (on whichever kernels this CPU runs, a
     prefill widening them) and dequantized dense: against the float32 model of the file's weights,
     the packed path errs at most about as much as dense bf16 does (the layouts are right). Q6_K's
-    blocks of 256 take a wider model; it runs packed where ``hetero_kernels.cpu_int4`` runs."""
+    blocks of 256 take a wider model."""
     gguf = pytest.importorskip("gguf")
     width = 256 if weight_type == "Q6_K" else 64
     folder = write_tiny_model(
