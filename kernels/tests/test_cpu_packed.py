@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from packed_problems import FORMS, GROUP, Weights, activations, specs, term_magnitudes, weights_of, with_two_signatures
 
 from hetero_kernels import cpu_packed
@@ -101,6 +102,27 @@ def test_unpack_widens_chosen_rows_to_each_weights_value(spec) -> None:
     fused, twice = rounded_once(q, scale, minimum), q.astype(np.float32) * scale + minimum
     assert np.all((out == fused) | (out == twice))
     np.testing.assert_array_equal(bits, bfloat16_bits(out))
+
+
+@settings(max_examples=20, deadline=None)
+@given(spec=specs(max_tokens=1), first=st.integers(0, 2), blocks=st.integers(1, 3))
+def test_unpack_columns_writes_whole_blocks_transposed_as_unpack_widens_their_rows(spec, first, blocks) -> None:
+    """Blocks ``first ..`` as columns, as many as the width holds or the weights have (the padded last block
+    whole): each column the row ``unpack`` gives, bit for bit, float32 and bfloat16; columns past them
+    untouched."""
+    _, weights = spec.build()
+    total = weights.packed.shape[0]
+    first = min(first, total - 1)
+    count = min(blocks, total - first)
+    for dtype in (np.float32, np.uint16):
+        columns = np.full((spec.size, 16 * blocks), 7, dtype)
+        cpu_packed.unpack_columns(weights.packed, weights.factors, first, columns)
+        rows = np.arange(16 * first, 16 * (first + count))
+        real = rows[rows < spec.rows]
+        expected = np.empty((real.size, spec.size), dtype)
+        cpu_packed.unpack(weights.packed, weights.factors, real, expected)
+        np.testing.assert_array_equal(columns[:, : real.size], expected.T)
+        assert np.all(columns[:, 16 * count :] == 7)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
