@@ -344,7 +344,7 @@ class PackedLinear:
 
     The VNNI kernel reads each weight once for all of a step's rows, and its
     cost grows with the rows about as a widening plus oneDNN's dense bf16
-    matmul does from 16 rows (``benchmarks/linear.py``); torch's int4 kernel
+    matmul does from about 50 rows (``benchmarks/linear.py``); torch's int4 kernel
     costs linearly in the rows from fewer. The widened weights are the packed
     weights' own values, so a model computes the same function at every batch
     size (up to rounding: the VNNI kernel's 16-bit activation steps, torch's
