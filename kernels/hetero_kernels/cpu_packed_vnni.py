@@ -30,6 +30,7 @@ from hetero_kernels.elements import put
 
 SUPPORTED = host.has("avx512bw", "avx512vnni")
 ROWS_AT_ONCE = 4  # activation rows sharing a group's loaded weights (the registers hold their sums)
+CHAINS = 4  # independent chains of vpdpbusd per step of rows: sums of fewer rows are split to keep this many
 _OPTIONS = dict(fastmath=True, cache=True)
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -101,10 +102,16 @@ def _make_block(count: int, vectors: int):
                 index = builder.add(row_start, constant(offset))
                 return host.splat(builder, builder.load(_address(builder, array, index, _I32), align=1), _LANES)
 
-            upper = lower = ir.Constant(_LANES, None)
+            # a few rows leave vpdpbusd's latency exposed: their sums run in more chains, added at the end
+            chains = max(1, CHAINS // count)
+            uppers, lowers = [ir.Constant(_LANES, None)] * chains, [ir.Constant(_LANES, None)] * chains
             for k, vector in enumerate(parts):
-                upper = builder.call(dot, [upper, vector, broadcast(high, LANE * k)])
-                lower = builder.call(dot, [lower, vector, broadcast(low, LANE * k)])
+                c = k % chains
+                uppers[c] = builder.call(dot, [uppers[c], vector, broadcast(high, LANE * k)])
+                lowers[c] = builder.call(dot, [lowers[c], vector, broadcast(low, LANE * k)])
+            upper, lower = uppers[0], lowers[0]
+            for c in range(1, chains):
+                upper, lower = builder.add(upper, uppers[c]), builder.add(lower, lowers[c])
             summed = builder.sitofp(builder.add(builder.shl(upper, ir.Constant(_LANES, [8] * 16)), lower), _FLOATS)
             index = builder.mul(builder.add(builder.mul(t, token_groups), g), constant(2))
             step = builder.load(_address(builder, token_factors, index, ir.FloatType()))
