@@ -153,6 +153,7 @@ class InferenceEngine:
                 param="speculator",
             )
         self._max_proposals = getattr(self.executor, "max_proposals", MAX_PROPOSALS)
+        self._max_verify_tokens = getattr(self.executor, "max_verify_tokens", None)
         speculator = registry.create("speculator", spec.name, spec.options, self.config, self.model_info, registry)
         return Speculation(speculator, registry.get("speculator", spec.name).plugin, self.model_info.vocab_size)
 
@@ -315,16 +316,19 @@ class InferenceEngine:
         return completed
 
     def _proposals(self) -> dict[int, list[int]]:
-        """The speculator's proposals for the decoding sequences, each bounded by its request's room to grow."""
+        """The speculator's proposals for the decoding sequences, each bounded by its request's room to grow, the
+        executor's ``max_proposals`` and an equal share of its ``max_verify_tokens``."""
         if self.speculation is None or not self.speculation.is_on:
             return {}
+        decoding = [seq for seq in self.scheduler.running if self.scheduler.is_decoding(seq)]
+        bound = self._max_proposals
+        if self._max_verify_tokens is not None and decoding:
+            bound = min(bound, self._max_verify_tokens // len(decoding) - 1)
         requests = []
-        for seq in self.scheduler.running:
-            if not self.scheduler.is_decoding(seq):
-                continue
+        for seq in decoding:
             # the step's own token takes one place of the request's room
             room = min(seq.request.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-            room = min(room, self._max_proposals)
+            room = min(room, bound)
             if room > 0:
                 requests.append(ProposalRequest(seq.seq_id, list(seq.token_ids), seq.num_prompt_tokens, room))
         return self.speculation.propose(requests)

@@ -291,9 +291,13 @@ class Executor(Protocol):
     Speculative decoding needs an executor that declares
     ``verifies_proposals = True`` (see
     :class:`~hetero_core.batch.ScheduledSequence`); it may also declare
-    ``max_proposals``, the most proposals one sequence's step should carry
-    (beyond it a step costs out of proportion, e.g. kernels that take a
-    bounded number of rows). Without them it never sees a proposal.
+    ``max_proposals``, the most proposals one sequence's step should carry,
+    and ``max_verify_tokens``, the most tokens a decoding step should carry in
+    all, its sequences' own tokens and their proposals (beyond them a step
+    costs out of proportion, e.g. kernels that take a bounded number of rows:
+    the engine gives each decoding sequence an equal share, and none when the
+    sequences alone fill it). Without ``verifies_proposals`` it never sees a
+    proposal.
     """
 
     @property

@@ -216,6 +216,38 @@ def test_an_unknown_speculator_lists_the_installed_ones() -> None:
         InferenceEngine(mock_config(speculator="nope"), plugin_manager=core_plugin_manager())
 
 
+@pytest.mark.parametrize(("prompts", "share"), [(1, 5), (3, 1), (6, 0)])
+def test_the_executors_max_verify_tokens_is_shared_among_the_decoding_sequences(prompts: int, share: int) -> None:
+    """Six tokens a step: one decoding sequence may carry five proposals, three one each, six none at all
+    (the step stays plain decoding)."""
+
+    class Bounded:
+        @hookimpl
+        def register_executors(self, register) -> None:
+            from hetero_core.builtin.mock_executor import MockExecutor
+
+            class SixTokens(MockExecutor):
+                max_verify_tokens = 6
+
+            register("six-tokens", SixTokens)
+
+    oracle = OracleSpeculator({}, 0.0, 8)
+
+    class Plugin:
+        @hookimpl
+        def register_speculators(self, register) -> None:
+            register("test", lambda config, model_info, components: oracle)
+
+    pm = core_plugin_manager((Bounded(), "bounded"), (Plugin(), "test-speculator"))
+    engine = InferenceEngine(mock_config(speculator="test", executor="six-tokens"), plugin_manager=pm)
+    engine.generate([f"prompt {i}" for i in range(prompts)], GenerationParams(temperature=0.0, max_tokens=20))
+    engine.close()
+    if share == 0:
+        assert not oracle.asked
+    else:
+        assert oracle.asked and max(bound for _, _, bound in oracle.asked) == share
+
+
 def test_the_executors_max_proposals_bounds_every_request() -> None:
     class Bounded:
         @hookimpl

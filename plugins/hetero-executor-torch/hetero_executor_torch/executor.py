@@ -245,10 +245,11 @@ class TorchExecutor:
         return self._info
 
     @property
-    def max_proposals(self) -> int:
-        """Proposals a sequence's step carries at most: its rows stay within what every packed layer multiplies
-        without widening its weights (a widening costs several decode steps)."""
-        return packed_rows(self.model) - 1
+    def max_verify_tokens(self) -> int:
+        """Tokens a decoding step with proposals carries at most: every packed layer multiplies them without
+        widening its weights (a widening costs several decode steps), as it does a plain decoding step of as
+        many sequences."""
+        return packed_rows(self.model)
 
     def kv_cache_block_bytes(self, block_size: int) -> int:
         config = self.model_config
