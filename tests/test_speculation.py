@@ -216,58 +216,42 @@ def test_an_unknown_speculator_lists_the_installed_ones() -> None:
         InferenceEngine(mock_config(speculator="nope"), plugin_manager=core_plugin_manager())
 
 
+def bounded_asks(bounds: dict[str, int], prompts: list[str], max_tokens: int) -> list[tuple[int, int, int]]:
+    """What an oracle speculator was asked for, ``prompts`` generated on the mock executor with the class
+    attributes ``bounds`` (``max_proposals``, ``max_verify_tokens``)."""
+    from hetero_core.builtin.mock_executor import MockExecutor
+
+    bounded = type("BoundedExecutor", (MockExecutor,), dict(bounds))
+
+    class Bounded:
+        @hookimpl
+        def register_executors(self, register) -> None:
+            register("bounded", bounded)
+
+    oracle = OracleSpeculator({}, 0.0, 8)
+
+    class Plugin:
+        @hookimpl
+        def register_speculators(self, register) -> None:
+            register("test", lambda config, model_info, components: oracle)
+
+    pm = core_plugin_manager((Bounded(), "bounded"), (Plugin(), "test-speculator"))
+    engine = InferenceEngine(mock_config(speculator="test", executor="bounded"), plugin_manager=pm)
+    try:
+        engine.generate(prompts, GenerationParams(temperature=0.0, max_tokens=max_tokens))
+    finally:
+        engine.close()
+    return oracle.asked
+
+
 @pytest.mark.parametrize(("prompts", "share"), [(1, 5), (3, 1), (6, 0)])
 def test_the_executors_max_verify_tokens_is_shared_among_the_decoding_sequences(prompts: int, share: int) -> None:
     """Six tokens a step: one decoding sequence may carry five proposals, three one each, six none at all
     (the step stays plain decoding)."""
-
-    class Bounded:
-        @hookimpl
-        def register_executors(self, register) -> None:
-            from hetero_core.builtin.mock_executor import MockExecutor
-
-            class SixTokens(MockExecutor):
-                max_verify_tokens = 6
-
-            register("six-tokens", SixTokens)
-
-    oracle = OracleSpeculator({}, 0.0, 8)
-
-    class Plugin:
-        @hookimpl
-        def register_speculators(self, register) -> None:
-            register("test", lambda config, model_info, components: oracle)
-
-    pm = core_plugin_manager((Bounded(), "bounded"), (Plugin(), "test-speculator"))
-    engine = InferenceEngine(mock_config(speculator="test", executor="six-tokens"), plugin_manager=pm)
-    engine.generate([f"prompt {i}" for i in range(prompts)], GenerationParams(temperature=0.0, max_tokens=20))
-    engine.close()
-    if share == 0:
-        assert not oracle.asked
-    else:
-        assert oracle.asked and max(bound for _, _, bound in oracle.asked) == share
+    asked = bounded_asks({"max_verify_tokens": 6}, [f"prompt {i}" for i in range(prompts)], 20)
+    assert max((bound for _, _, bound in asked), default=0) == share
 
 
 def test_the_executors_max_proposals_bounds_every_request() -> None:
-    class Bounded:
-        @hookimpl
-        def register_executors(self, register) -> None:
-            from hetero_core.builtin.mock_executor import MockExecutor
-
-            class TwoAtMost(MockExecutor):
-                max_proposals = 2
-
-            register("two-at-most", TwoAtMost)
-
-    oracle = OracleSpeculator({}, 0.0, 8)
-
-    class Plugin:
-        @hookimpl
-        def register_speculators(self, register) -> None:
-            register("test", lambda config, model_info, components: oracle)
-
-    pm = core_plugin_manager((Bounded(), "bounded"), (Plugin(), "test-speculator"))
-    engine = InferenceEngine(mock_config(speculator="test", executor="two-at-most"), plugin_manager=pm)
-    engine.generate(PROMPTS, GenerationParams(temperature=0.0, max_tokens=10))
-    assert oracle.asked and all(max_proposals <= 2 for _, _, max_proposals in oracle.asked)
-    engine.close()
+    asked = bounded_asks({"max_proposals": 2}, PROMPTS, 10)
+    assert asked and all(max_proposals <= 2 for _, _, max_proposals in asked)
