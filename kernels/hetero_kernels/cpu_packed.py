@@ -47,6 +47,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
+from hetero_kernels import host
 from hetero_kernels.dtypes import FLOAT16_BITS_TO_FLOAT32
 from hetero_kernels.elements import get, put
 
@@ -238,6 +239,41 @@ def matmul(x, weights, factors, out):
                 put(out[t], b * ROWS + r, totals[r])
 
 
+def group_vectors(builder, weights, g, vectors: int, four_bit: bool) -> list:
+    """LLVM IR: group ``g``'s weight vectors of a block (``weights``: its Numba array struct, ``vectors``
+    stored vectors a group) as the kernels multiply them, ``<64 x i8>`` each, vector ``k`` holding inputs
+    ``4k .. 4k + 3`` of the group: a 4-bit group's low nibbles' four vectors then its high ones', an 8-bit
+    group's bytes as ``q + 128`` (the sign bit flipped)."""
+    bytes64 = ir.VectorType(ir.IntType(8), VECTOR)
+    base = builder.mul(g, ir.Constant(ir.IntType(64), vectors * VECTOR))
+    loaded = [
+        builder.load(
+            host.address(builder, weights, builder.add(base, ir.Constant(base.type, VECTOR * k)), bytes64), align=1
+        )
+        for k in range(vectors)
+    ]
+    if four_bit:
+        return [builder.and_(v, ir.Constant(bytes64, [15] * VECTOR)) for v in loaded] + [
+            builder.lshr(v, ir.Constant(bytes64, [4] * VECTOR)) for v in loaded
+        ]
+    return [builder.xor(v, ir.Constant(bytes64, [-128] * VECTOR)) for v in loaded]
+
+
+def factor_vectors(builder, factors, g, halves: bool) -> tuple:
+    """LLVM IR: group ``g``'s sixteen scales and sixteen minimums of a block (``factors``: its Numba array
+    struct; float16 bits with ``halves``), as two ``<16 x float>``."""
+    floats = host.FLOATS
+
+    def load(which):
+        index = builder.add(builder.mul(g, ir.Constant(g.type, 2 * ROWS)), ir.Constant(g.type, ROWS * which))
+        if halves:
+            bits = builder.load(host.address(builder, factors, index, ir.VectorType(ir.IntType(16), ROWS)), align=1)
+            return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), ROWS)), floats)
+        return builder.load(host.address(builder, factors, index, floats), align=1)
+
+    return load(0), load(1)
+
+
 def _make_widen(vectors: int):
     """An intrinsic that widens group ``g`` of one block (its ``vectors`` stored vectors, as :func:`pack4`
     or :func:`pack8` lay them out) into ``columns`` ``[in, width]`` (float32, or bfloat16 bits rounded to
@@ -251,43 +287,24 @@ def _make_widen(vectors: int):
             context.make_array(t)(context, builder, a) for t, a in zip(signature.args[:3], args[:3], strict=True)
         )
         column, g = args[3], args[4]
-        i8, i16, i32, i64, f32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-        floats, words = ir.VectorType(f32, ROWS), ir.VectorType(i32, ROWS)
-        bytes64 = ir.VectorType(i8, VECTOR)
+        i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
+        floats, words = host.FLOATS, ir.VectorType(i32, ROWS)
         four_bit = signature.args[0].dtype == types.uint8
         bfloat16 = signature.args[2].dtype == types.uint16
         group = GROUP_SIZE if four_bit else vectors * LANE
         width = cgutils.unpack_tuple(builder, columns.shape)[1]
         start = builder.mul(g, ir.Constant(i64, group))
 
-        def address(array, index, pointee):
-            return builder.bitcast(builder.gep(array.data, [index]), pointee.as_pointer())
-
         def lanes(values):
             return ir.Constant(ir.VectorType(i32, len(values)), values)
 
-        def factor_vector(which):
-            index = builder.add(builder.mul(g, ir.Constant(i64, 2 * ROWS)), ir.Constant(i64, ROWS * which))
-            if signature.args[1].dtype == types.uint16:  # float16 bits
-                bits = builder.load(address(factors, index, ir.VectorType(i16, ROWS)), align=1)
-                return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), ROWS)), floats)
-            return builder.load(address(factors, index, floats), align=1)
-
-        scale, minimum = factor_vector(0), factor_vector(1)
+        scale, minimum = factor_vectors(builder, factors, g, signature.args[1].dtype == types.uint16)
         # quarter q of a vector holds rows 4q .. 4q + 3, four inputs each: each row's factor over its four
         spread = [lanes([4 * q + lane // 4 for lane in range(16)]) for q in range(4)]
         scales = [builder.shuffle_vector(scale, scale, mask) for mask in spread]
         minimums = [builder.shuffle_vector(minimum, minimum, mask) for mask in spread]
-        parts = []
-        for k in range(vectors):
-            offset = builder.add(builder.mul(g, ir.Constant(i64, vectors)), ir.Constant(i64, k))
-            raw = builder.load(address(weights, builder.mul(offset, ir.Constant(i64, VECTOR)), bytes64), align=1)
-            if four_bit:  # low nibbles: inputs 4k .. 4k + 3; high ones: 16 more
-                parts.append((builder.and_(raw, ir.Constant(bytes64, [15] * VECTOR)), LANE * k))
-                parts.append((builder.lshr(raw, ir.Constant(bytes64, [4] * VECTOR)), 16 + LANE * k))
-            else:  # q + 128: the sign bit flipped
-                parts.append((builder.xor(raw, ir.Constant(bytes64, [-128] * VECTOR)), LANE * k))
-        for values, first in parts:
+        for k, values in enumerate(group_vectors(builder, weights, g, vectors, four_bit)):
+            first = LANE * k
             wide = builder.zext(values, ir.VectorType(i32, VECTOR))
             quarters = []
             for q in range(4):
@@ -312,9 +329,9 @@ def _make_widen(vectors: int):
                     halves = builder.trunc(
                         builder.lshr(rounded, ir.Constant(words, [16] * ROWS)), ir.VectorType(i16, ROWS)
                     )
-                    builder.store(halves, address(columns, index, ir.VectorType(i16, ROWS)), align=2)
+                    builder.store(halves, host.address(builder, columns, index, ir.VectorType(i16, ROWS)), align=2)
                 else:
-                    builder.store(run, address(columns, index, floats), align=4)
+                    builder.store(run, host.address(builder, columns, index, floats), align=4)
         return context.get_dummy_value()
 
     def widen(typingctx, weights, factors, columns, column, g):

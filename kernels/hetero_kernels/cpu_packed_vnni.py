@@ -25,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from hetero_kernels import host
-from hetero_kernels.cpu_packed import LANE, ROWS, group_of, quantize_rows
+from hetero_kernels.cpu_packed import LANE, ROWS, factor_vectors, group_of, group_vectors, quantize_rows
 from hetero_kernels.elements import put
 
 SUPPORTED = host.has("avx512bw", "avx512vnni")
@@ -33,14 +33,9 @@ ROWS_AT_ONCE = 4  # activation rows sharing a group's loaded weights (the regist
 CHAINS = 4  # independent chains of vpdpbusd per step of rows: sums of fewer rows are split to keep this many
 _OPTIONS = dict(fastmath=True, cache=True)
 
-_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_I32, _I64 = ir.IntType(32), ir.IntType(64)
 _LANES = ir.VectorType(_I32, 16)
 _FLOATS = host.FLOATS
-
-
-def _address(builder, array, index, pointee):
-    """A ``pointee`` pointer to element ``index`` (an i64) of ``array``'s data."""
-    return builder.bitcast(builder.gep(array.data, [index]), pointee.as_pointer())
 
 
 def _make_block(count: int, vectors: int):
@@ -59,7 +54,6 @@ def _make_block(count: int, vectors: int):
         four_bit = signature.args[0].dtype == types.uint8
         halves = signature.args[1].dtype == types.uint16  # float16 bits
         dot = host.declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", _LANES, [_LANES] * 3)
-        bytes64 = ir.VectorType(_I8, 64)
 
         def constant(value):
             return ir.Constant(_I64, value)
@@ -72,26 +66,8 @@ def _make_block(count: int, vectors: int):
         g = builder.phi(_I64)
         totals = [builder.phi(_FLOATS) for _ in range(count)]
 
-        base = builder.mul(g, constant(vectors * 64))
-        loaded = [
-            builder.load(_address(builder, weights, builder.add(base, constant(64 * k)), bytes64), align=1)
-            for k in range(vectors)
-        ]
-        if four_bit:  # the low nibbles' vectors, then the high ones'
-            parts = [builder.and_(v, ir.Constant(bytes64, [15] * 64)) for v in loaded]
-            parts += [builder.lshr(v, ir.Constant(bytes64, [4] * 64)) for v in loaded]
-        else:  # q + 128: the sign bit flipped
-            parts = [builder.xor(v, ir.Constant(bytes64, [-128] * 64)) for v in loaded]
-        parts = [builder.bitcast(v, _LANES) for v in parts]
-
-        def factor_vector(which):
-            index = builder.add(builder.mul(g, constant(32)), constant(16 * which))
-            if halves:
-                bits = builder.load(_address(builder, factors, index, ir.VectorType(_I16, 16)), align=1)
-                return builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 16)), _FLOATS)
-            return builder.load(_address(builder, factors, index, _FLOATS), align=1)
-
-        scale, minimum = factor_vector(0), factor_vector(1)
+        parts = [builder.bitcast(v, _LANES) for v in group_vectors(builder, weights, g, vectors, four_bit)]
+        scale, minimum = factor_vectors(builder, factors, g, halves)
         start = builder.mul(g, constant(LANE * len(parts)))
         grown = []
         for r in range(count):
@@ -100,7 +76,7 @@ def _make_block(count: int, vectors: int):
 
             def broadcast(array, offset, row_start=row_start):
                 index = builder.add(row_start, constant(offset))
-                return host.splat(builder, builder.load(_address(builder, array, index, _I32), align=1), _LANES)
+                return host.splat(builder, builder.load(host.address(builder, array, index, _I32), align=1), _LANES)
 
             # a few rows leave vpdpbusd's latency exposed: their sums run in more chains, added at the end
             chains = max(1, CHAINS // count)
@@ -114,8 +90,9 @@ def _make_block(count: int, vectors: int):
                 upper, lower = builder.add(upper, uppers[c]), builder.add(lower, lowers[c])
             summed = builder.sitofp(builder.add(builder.shl(upper, ir.Constant(_LANES, [8] * 16)), lower), _FLOATS)
             index = builder.mul(builder.add(builder.mul(t, token_groups), g), constant(2))
-            step = builder.load(_address(builder, token_factors, index, ir.FloatType()))
-            shifted = builder.load(_address(builder, token_factors, builder.add(index, constant(1)), ir.FloatType()))
+            step = builder.load(host.address(builder, token_factors, index, ir.FloatType()))
+            beside = builder.add(index, constant(1))
+            shifted = builder.load(host.address(builder, token_factors, beside, ir.FloatType()))
             weighted = builder.fmul(scale, host.splat(builder, step, _FLOATS), flags=["fast"])
             total = builder.fadd(totals[r], builder.fmul(summed, weighted, flags=["fast"]), flags=["fast"])
             offsets = builder.fmul(minimum, host.splat(builder, shifted, _FLOATS), flags=["fast"])
@@ -134,7 +111,7 @@ def _make_block(count: int, vectors: int):
         for r, result in enumerate(results):
             result.add_incoming(ir.Constant(_FLOATS, None), entry)
             result.add_incoming(grown[r], end)
-            builder.store(result, _address(builder, sums, constant(16 * r), _FLOATS), align=1)
+            builder.store(result, host.address(builder, sums, constant(16 * r), _FLOATS), align=1)
         return context.get_dummy_value()
 
     def block(typingctx, weights, factors, high, low, token_factors, sums, first):

@@ -48,6 +48,11 @@ class BFloat16(ir.Type):
         return hash("bfloat")
 
 
+def address(builder: ir.IRBuilder, array, index: ir.Value, pointee: ir.Type) -> ir.Value:
+    """A ``pointee`` pointer to element ``index`` (an i64) of ``array``'s data (a Numba array struct)."""
+    return builder.bitcast(builder.gep(array.data, [index]), pointee.as_pointer())
+
+
 def constant(element: ir.Type, values: list[int]) -> ir.Constant:
     """A vector constant of ``element``s."""
     return ir.Constant(ir.VectorType(element, len(values)), values)
