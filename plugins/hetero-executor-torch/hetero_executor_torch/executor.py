@@ -22,7 +22,7 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel, build_weights
 from hetero_executor_torch.prompt_scoring import score_prompts
-from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, PackedLinear, cpu_flags
+from hetero_executor_torch.quantized import WEIGHT_FORMATS, cpu_flags
 from hetero_executor_torch.sampling import Sampler, sample_and_verify
 from hetero_executor_torch.weight_cache import load_or_build, open_cache
 
@@ -91,13 +91,6 @@ def resolve_weight_format(weights: str, device: torch.device, dtype: torch.dtype
     if weights == "auto" and (device.type != "cpu" or dtype == torch.float32 and dtype_option != "auto"):
         return "dense"
     return weights
-
-
-def packed_rows(model: LlamaModel) -> int:
-    """The most rows every packed layer of ``model`` multiplies without widening its weights
-    (:data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS` where none is packed)."""
-    linears = (linear for layer in model.layers for linear in layer.linears)
-    return min((linear.max_rows for linear in linears if isinstance(linear, PackedLinear)), default=PACKED_MAX_ROWS)
 
 
 class TorchExecutor:
@@ -249,7 +242,7 @@ class TorchExecutor:
         """Tokens a decoding step with proposals carries at most: every packed layer multiplies them without
         widening its weights (a widening costs several decode steps), as it does a plain decoding step of as
         many sequences."""
-        return packed_rows(self.model)
+        return self.model.packed_rows()
 
     def kv_cache_block_bytes(self, block_size: int) -> int:
         config = self.model_config
@@ -288,7 +281,7 @@ class TorchExecutor:
         """Run a prefill step and decode steps once, through block 0 (still unused): on CUDA the largest
         prefill, the largest decode and one of three sequences; on the CPU a prefill and decodes of one and
         three sequences, each within the rows every packed layer multiplies without widening
-        (:func:`packed_rows`).
+        (:meth:`LlamaModel.packed_rows`).
 
         The first pass at a given size is slow (memory first touched, kernels
         picked or compiled, with decode graphs the largest batch's graph
@@ -307,7 +300,7 @@ class TorchExecutor:
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         cuda = self.device.type == "cuda"
-        rows = max(2, packed_rows(self.model))
+        rows = max(2, self.model.packed_rows())
         length = max(2, max_num_tokens if cuda else min(max_num_tokens, rows))
         tokens = [0] * length
         table = [0] * -(-length // self.block_size)

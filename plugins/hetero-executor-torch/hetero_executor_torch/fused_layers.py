@@ -92,8 +92,7 @@ class FusedLayers:
         # the layers as one call each, and the most rows a step may have for them (0: never)
         cpu = model.device.type == "cpu"
         self.packed_layers = packed_layers(model) if cpu else []
-        linears = (linear for layer in model.layers for linear in layer.linears)
-        self.packed_rows = min((linear.max_rows for linear in linears), default=0) if self.packed_layers else 0
+        self.packed_rows = model.packed_rows() if self.packed_layers else 0
         if self.packed_layers:
             from hetero_kernels import cpu_layer
 
@@ -155,9 +154,8 @@ class FusedLayers:
         The activations stay float32 from layer to layer (only the cache is in the model's dtype): the
         projections quantize them to 16 bits per group anyway, so rounding them to bfloat16 first would
         only add error (``benchmarks/quality.py`` measures the difference)."""
-        activations = torch.float32
         config, meta, rows = self.model.config, attention.kernel, stream.shape[0]
-        cos, sin = (kernel_array(table.view(rows, -1)) for table in self.model.rope_tables(positions, activations))
+        cos, sin = (kernel_array(table.view(rows, -1)) for table in self.model.rope_tables(positions, torch.float32))
         caches = self._cache_arrays(kv_caches)
         tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
         plan = self.kernels.decode_plan(rows, caches[0][0])
@@ -169,9 +167,8 @@ class FusedLayers:
             (2 * config.intermediate_size,),
             (config.intermediate_size,),
         )
-        element = kernel_array(torch.empty(0, dtype=activations)).dtype
-        buffers = tuple(np.empty((rows, *shape), dtype=element) for shape in shapes)
-        x = np.empty((rows, config.hidden_size), dtype=element)
+        buffers = tuple(np.empty((rows, *shape), dtype=np.float32) for shape in shapes)
+        x = np.empty((rows, config.hidden_size), dtype=np.float32)
         self.kernels.rms_norm(stream, self.input_norms[0], self.eps, x)
         scale, eps = np.float32(self.model.scale), np.float32(self.eps)
         next_norms = self.input_norms[1:] + [self.final_norm]

@@ -13,7 +13,7 @@ from hetero_core.errors import ConfigError
 from hetero_executor_torch.attention import AttentionInputs, paged_attention, write_kv
 from hetero_executor_torch.loading import Loaders
 from hetero_executor_torch.model_config import ModelConfig
-from hetero_executor_torch.quantized import Linear, Weight, concat, make_linear
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, Linear, PackedLinear, Weight, concat, make_linear
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -190,6 +190,12 @@ class LlamaModel:
     ) -> torch.Tensor:
         """Logits (float32, [len(logits_indices), vocab]) for the tokens at ``logits_indices``."""
         return self.logits_at(self.hidden_states(input_ids, positions, attention, kv_caches), logits_indices)
+
+    def packed_rows(self) -> int:
+        """The most rows every packed layer multiplies without widening its weights
+        (:data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS` where none is packed)."""
+        linears = (linear for layer in self.layers for linear in layer.linears)
+        return min((linear.max_rows for linear in linears if isinstance(linear, PackedLinear)), default=PACKED_MAX_ROWS)
 
     def logits_at(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the residual stream's rows at ``indices`` (through the last norm and the head)."""

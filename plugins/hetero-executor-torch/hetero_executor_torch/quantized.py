@@ -245,7 +245,6 @@ class PackedWeights:
         from hetero_kernels import cpu_packed
 
         self.multiply, self.out_features = multiply, weight.shape[0]
-        self._unpack, self._columns = cpu_packed.unpack, cpu_packed.unpack_columns
         scale = weight.scale.float().numpy()
         if isinstance(weight, GroupQuantized):
             self.packed, self.factors = cpu_packed.pack4(weight.q.numpy(), scale, weight.minimum.float().numpy())
@@ -258,12 +257,16 @@ class PackedWeights:
         return out
 
     def __call__(self, indices: np.ndarray, out: torch.Tensor) -> None:
-        self._unpack(self.packed, self.factors, indices, kernel_array(out))
+        from hetero_kernels import cpu_packed
+
+        cpu_packed.unpack(self.packed, self.factors, indices, kernel_array(out))
 
     def columns(self, start: int, out: torch.Tensor) -> None:
         """Output rows ``start ..`` (a multiple of 16) widened as the columns of ``out`` ``[in, width]``
         (``width`` a multiple of 16), as many as it holds or the weights have."""
-        self._columns(self.packed, self.factors, start // 16, kernel_array(out))
+        from hetero_kernels import cpu_packed
+
+        cpu_packed.unpack_columns(self.packed, self.factors, start // 16, kernel_array(out))
 
 
 def packed_matmul(dtype: torch.dtype, device: torch.device) -> tuple[Any, bool] | None:
@@ -411,12 +414,11 @@ class PackedLinear:
     def kernel_arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The weights as ``hetero_kernels.cpu_packed_vnni.matmul`` takes them, ``(bytes, factors)``, where that
         kernel computes this layer (up to ``max_rows`` rows; no bias to add), else None."""
-        usable = self.bias is None and isinstance(self.packed, PackedWeights) and self.packed is self.rows
-        return (self.packed.packed, self.packed.factors) if usable and _is_vnni(self.packed.multiply) else None
+        from hetero_kernels import cpu_packed_vnni
 
-
-def _is_vnni(multiply: Any) -> bool:
-    return getattr(multiply, "__module__", "") == "hetero_kernels.cpu_packed_vnni"
+        on_vnni = isinstance(self.packed, PackedWeights) and self.packed.multiply is cpu_packed_vnni.matmul
+        usable = self.bias is None and on_vnni
+        return (self.packed.packed, self.packed.factors) if usable else None
 
 
 PACKED_MAX_ROWS = 32  # the VNNI kernel's; from about 50 a widening and a dense matmul cost less

@@ -10,7 +10,6 @@ from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 from hetero_core.testing import ExecutorContract
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.executor import packed_rows
 from hetero_executor_torch.quantized import PackedLinear, fine_groups_run_packed
 
 from .conftest import tiny_engine, write_tiny_gguf, write_tiny_model
@@ -194,7 +193,7 @@ def test_the_cpu_warm_up_stays_within_every_packed_layers_rows(tmp_path, monkeyp
     layers = [linear for layer in executor.model.layers for linear in layer.linears]
     packed = [linear for linear in layers if isinstance(linear, PackedLinear)]
     assert packed, "no layer runs packed here"
-    assert packed_rows(executor.model) == min(linear.max_rows for linear in packed)
+    assert executor.model.packed_rows() == min(linear.max_rows for linear in packed)
     widened: list[PackedLinear] = []
 
     def widen(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
@@ -204,5 +203,5 @@ def test_the_cpu_warm_up_stays_within_every_packed_layers_rows(tmp_path, monkeyp
     monkeypatch.setattr(PackedLinear, "_widened", widen)
     executor.initialize_cache(64, 4)
     executor.warm_up(256, 32)
-    if packed_rows(executor.model) >= 2:  # two rows is the least a warm-up prefill takes
+    if executor.model.packed_rows() >= 2:  # two rows is the least a warm-up prefill takes
         assert not [linear for linear in widened if any(linear is layer for layer in layers)]
