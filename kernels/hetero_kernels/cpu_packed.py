@@ -21,6 +21,18 @@ weights loaded for a group serve every activation row of the step::
                                              float16 bits (uint16) where that holds every one
                                              exactly (GGUF's own factors), else float32
 
+    or, for factors given as :class:`Coded` (a K-quant super-block's ``base * code``):
+    factors [blocks, supers, 64 + 32 * per]   int8, per 256 inputs (``per`` groups): the sixteen
+                                             rows' scale bases then their second bases (float16
+                                             bits, 2 bytes each), then for each group its sixteen
+                                             scale codes and sixteen second codes (signed bytes)
+
+A coded group's ``scale = base * code`` and its second factor likewise, each
+one float32 product, as GGUF's dequantization computes them. The second factor
+is the minimum for 4-bit weights and the offset for 8-bit ones, the minimum
+then computed from it as below. A 4-bit group's factors take 40 bytes of 296
+in this form (128 of 384 in float32).
+
 The minimums are what the arithmetic adds per unit of ``sum(x)``: ``w = scale
 * q + minimum`` for 4-bit weights and, since the kernels read an 8-bit ``q``
 as ``q + 128`` (unsigned, as ``vpdpbusd`` takes its first operand), ``w =
@@ -41,6 +53,8 @@ dense matmul, an embedding lookup).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -56,6 +70,7 @@ LANE = 4  # consecutive inputs of a row in a vector
 VECTOR = ROWS * LANE  # bytes
 GROUP_SIZE = 32
 FINE_GROUP_SIZE = 16  # the 8-bit groups GGUF's Q6_K and Q2_K scale
+SUPER_SIZE = 256  # the inputs a coded base spans (a K-quant super-block)
 LIMIT = np.float32(32639.0)  # the largest |v|: 256 * 127 + 127, so that its high byte stays signed
 SMALLEST_STEP = np.float32(1e-30)  # finer steps would overflow their inverse
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -73,6 +88,63 @@ def _interleaved(values: np.ndarray, group: int) -> np.ndarray:
     padded[:rows] = values
     grid = padded.reshape(blocks, ROWS, size // group, group // LANE, LANE)
     return np.ascontiguousarray(grid.transpose(0, 2, 3, 1, 4)).reshape(blocks, size // group, group // LANE, VECTOR)
+
+
+class Coded(NamedTuple):
+    """Factors ``base * code`` as K-quant super-blocks hold them: ``base`` ``[out, in // 256]`` float32
+    (float16 values), ``codes`` ``[out, groups]`` integers in -128..127."""
+
+    base: np.ndarray
+    codes: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """The factors as float32 ``[out, groups]``, each one product."""
+        per = self.codes.shape[1] // self.base.shape[1]
+        return np.repeat(np.asarray(self.base, np.float32), per, axis=1) * self.codes.astype(np.float32)
+
+    def packable(self) -> bool:
+        """Whether the layout can hold these exactly: float16 bases, byte codes, whole super-blocks."""
+        base = np.asarray(self.base, np.float32)
+        with np.errstate(over="ignore"):
+            halves = base.astype(np.float16).astype(np.float32)
+        return (
+            self.codes.shape[1] % max(1, self.base.shape[1]) == 0
+            and np.array_equal(halves, base)
+            and (self.codes.size == 0 or (self.codes.min() >= -128 and self.codes.max() <= 127))
+        )
+
+
+Factor = np.ndarray | Coded
+
+
+def _pack_factors(scale: Factor, second: Factor | None, group: int, eight_bit: bool) -> np.ndarray:
+    """The layout's factors: coded where both are :class:`Coded` and packable, else values (the minimums
+    of 8-bit weights being ``offset - 128 * scale``)."""
+    if isinstance(scale, Coded) and second is None:
+        second = Coded(np.zeros_like(scale.base), np.zeros_like(scale.codes))
+    if isinstance(scale, Coded) and isinstance(second, Coded) and scale.packable() and second.packable():
+        return _coded_factors(scale, second, group)
+    scale = scale.values() if isinstance(scale, Coded) else np.asarray(scale, np.float32)
+    if second is None:
+        second = np.zeros_like(scale)
+    second = second.values() if isinstance(second, Coded) else np.asarray(second, np.float32)
+    return _factors(scale, np.float32(-128.0) * scale + second if eight_bit else second)
+
+
+def _coded_factors(scale: Coded, second: Coded, group: int) -> np.ndarray:
+    """``[blocks, supers, 64 + 32 * per]`` int8, as the module docstring draws it."""
+    rows, groups = scale.codes.shape
+    per = SUPER_SIZE // group
+    if groups % per or scale.base.shape[1] != groups // per or second.base.shape[1] != groups // per:
+        raise ValueError(f"coded factors need whole super-blocks of {SUPER_SIZE} inputs ({per} groups of {group})")
+    supers, blocks = groups // per, blocks_of(rows)
+    bases = np.zeros((blocks * ROWS, supers, 2), np.float16)
+    bases[:rows, :, 0], bases[:rows, :, 1] = scale.base, second.base
+    bases = np.ascontiguousarray(bases.reshape(blocks, ROWS, supers, 2).transpose(0, 2, 3, 1))
+    codes = np.zeros((blocks * ROWS, groups, 2), np.int8)
+    codes[:rows, :, 0], codes[:rows, :, 1] = scale.codes, second.codes
+    codes = codes.reshape(blocks, ROWS, supers, per, 2).transpose(0, 2, 3, 4, 1).reshape(blocks, supers, per * 2 * ROWS)
+    return np.concatenate([bases.view(np.int8).reshape(blocks, supers, 4 * ROWS), codes], axis=2)
 
 
 def _factors(scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
@@ -95,27 +167,29 @@ def _check(size: int, groups: int, sizes: tuple[int, ...]) -> int:
     return size // groups
 
 
-def pack4(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _groups(factor: Factor) -> int:
+    return (factor.codes if isinstance(factor, Coded) else factor).shape[1]
+
+
+def pack4(q: np.ndarray, scale: Factor, minimum: Factor) -> tuple[np.ndarray, np.ndarray]:
     """4-bit weights ``scale * q + minimum`` (``q`` ``[out, in]`` 0..15, ``in`` a multiple of 32; ``scale``
-    and ``minimum`` ``[out, in // 32]``) as ``(weights, factors)`` in the layout above."""
-    _check(q.shape[1], scale.shape[1], (GROUP_SIZE,))
+    and ``minimum`` ``[out, in // 32]``, or both :class:`Coded`) as ``(weights, factors)`` in the layout
+    above."""
+    _check(q.shape[1], _groups(scale), (GROUP_SIZE,))
     q = np.asarray(q, np.uint8)
     half = GROUP_SIZE // 2
     grouped = q.reshape(q.shape[0], -1, GROUP_SIZE)
     nibbles = (grouped[..., :half] | (grouped[..., half:] << 4)).reshape(q.shape[0], -1)
-    return _interleaved(nibbles, half), _factors(np.asarray(scale, np.float32), np.asarray(minimum, np.float32))
+    return _interleaved(nibbles, half), _pack_factors(scale, minimum, GROUP_SIZE, eight_bit=False)
 
 
-def pack8(q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def pack8(q: np.ndarray, scale: Factor, offset: Factor | None = None) -> tuple[np.ndarray, np.ndarray]:
     """8-bit weights ``scale * q + offset`` (``q`` ``[out, in]`` int8, ``in`` a multiple of 32; ``scale``
-    and ``offset`` ``[out, in // 32]`` or ``[out, in // 16]``, the offset zero where None, as in Q8_0)
-    as ``(weights, factors)`` in the layout above, the minimums ``offset - 128 * scale``."""
-    group = _check(q.shape[1], scale.shape[1], (GROUP_SIZE, FINE_GROUP_SIZE))
-    scale = np.asarray(scale, np.float32)
-    minimum = np.float32(-128.0) * scale
-    if offset is not None:
-        minimum = minimum + np.asarray(offset, np.float32)
-    return _interleaved(np.asarray(q, np.int8), group), _factors(scale, minimum)
+    and ``offset`` ``[out, in // 32]`` or ``[out, in // 16]``, or :class:`Coded`; the offset zero where
+    None, as in Q8_0) as ``(weights, factors)`` in the layout above, the minimums ``offset - 128 *
+    scale``."""
+    group = _check(q.shape[1], _groups(scale), (GROUP_SIZE, FINE_GROUP_SIZE))
+    return _interleaved(np.asarray(q, np.int8), group), _pack_factors(scale, offset, group, eight_bit=True)
 
 
 @njit(**_OPTIONS)
@@ -150,16 +224,32 @@ def quantize_rows(x, group):
     return high, low, token_factors
 
 
-def _factor(factors, g, k, r, table):
-    """``factors[g, k, r]`` as float32 (compiled only, see the overload)."""
+def _group_factors(weights, factors, g, r, table):
+    """Group ``g``'s scale and minimum for row ``r`` of a block (``factors`` its factors) as float32
+    (compiled only, see the overload)."""
     raise NotImplementedError
 
 
-@overload(_factor, inline="always")
-def _factor_overload(factors, g, k, r, table):
+@overload(_group_factors, inline="always")
+def _group_factors_overload(weights, factors, g, r, table):
+    if factors.dtype == types.int8:
+        eight_bit = weights.dtype == types.int8
+
+        def coded(weights, factors, g, r, table):
+            per = (factors.shape[1] - 4 * ROWS) // (2 * ROWS)
+            line, at = factors[g // per], 4 * ROWS + (g % per) * 2 * ROWS + r
+
+            def base(byte):
+                return table[np.uint16(np.uint8(line[byte])) | (np.uint16(np.uint8(line[byte + 1])) << 8)]
+
+            scale = base(2 * r) * np.float32(line[at])
+            second = base(2 * ROWS + 2 * r) * np.float32(line[at + ROWS])
+            return scale, (second - np.float32(128.0) * scale if eight_bit else second)
+
+        return coded
     if factors.dtype == types.uint16:
-        return lambda factors, g, k, r, table: table[factors[g, k, r]]
-    return lambda factors, g, k, r, table: np.float32(factors[g, k, r])
+        return lambda weights, factors, g, r, table: (table[factors[g, 0, r]], table[factors[g, 1, r]])
+    return lambda weights, factors, g, r, table: (np.float32(factors[g, 0, r]), np.float32(factors[g, 1, r]))
 
 
 def _weight(weights, g, vector, byte):
@@ -232,8 +322,7 @@ def matmul(x, weights, factors, out):
                         )
                 step, summed = token_factors[t, g, 0], token_factors[t, g, 1]
                 for r in range(ROWS):
-                    scale = _factor(block_factors, g, 0, r, FLOAT16_BITS_TO_FLOAT32)
-                    minimum = _factor(block_factors, g, 1, r, FLOAT16_BITS_TO_FLOAT32)
+                    scale, minimum = _group_factors(block, block_factors, g, r, FLOAT16_BITS_TO_FLOAT32)
                     totals[r] += np.float32(sums[r]) * (scale * step) + minimum * summed
             for r in range(min(ROWS, columns - b * ROWS)):
                 put(out[t], b * ROWS + r, totals[r])
@@ -259,10 +348,13 @@ def group_vectors(builder, weights, g, vectors: int, four_bit: bool) -> list:
     return [builder.xor(v, ir.Constant(bytes64, [-128] * VECTOR)) for v in loaded]
 
 
-def factor_vectors(builder, factors, g, halves: bool) -> tuple:
+def factor_vectors(builder, factors, kind, g, group: int, eight_bit: bool) -> tuple:
     """LLVM IR: group ``g``'s sixteen scales and sixteen minimums of a block (``factors``: its Numba array
-    struct; float16 bits with ``halves``), as two ``<16 x float>``."""
+    struct, of Numba dtype ``kind``; groups of ``group`` inputs), as two ``<16 x float>``."""
     floats = host.FLOATS
+    if kind == types.int8:
+        return _coded_vectors(builder, factors, g, group, eight_bit)
+    halves = kind == types.uint16
 
     def load(which):
         index = builder.add(builder.mul(g, ir.Constant(g.type, 2 * ROWS)), ir.Constant(g.type, ROWS * which))
@@ -272,6 +364,30 @@ def factor_vectors(builder, factors, g, halves: bool) -> tuple:
         return builder.load(host.address(builder, factors, index, floats), align=1)
 
     return load(0), load(1)
+
+
+def _coded_vectors(builder, factors, g, group: int, eight_bit: bool) -> tuple:
+    """:func:`factor_vectors` for coded factors: each factor one float32 product of its base and code."""
+    floats, i64 = host.FLOATS, g.type
+    per = SUPER_SIZE // group
+    line = builder.mul(builder.udiv(g, ir.Constant(i64, per)), ir.Constant(i64, 4 * ROWS + per * 2 * ROWS))
+    at = builder.add(
+        builder.add(line, ir.Constant(i64, 4 * ROWS)),
+        builder.mul(builder.urem(g, ir.Constant(i64, per)), ir.Constant(i64, 2 * ROWS)),
+    )
+
+    def factor(which):
+        place = builder.add(line, ir.Constant(i64, 2 * ROWS * which))
+        bits = builder.load(host.address(builder, factors, place, ir.VectorType(ir.IntType(16), ROWS)), align=1)
+        base = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), ROWS)), floats)
+        place = builder.add(at, ir.Constant(i64, ROWS * which))
+        codes = builder.load(host.address(builder, factors, place, ir.VectorType(ir.IntType(8), ROWS)), align=1)
+        return builder.fmul(base, builder.sitofp(codes, floats))
+
+    scale, second = factor(0), factor(1)
+    if not eight_bit:
+        return scale, second
+    return scale, builder.fsub(second, builder.fmul(scale, ir.Constant(floats, [128.0] * ROWS)))
 
 
 def _make_widen(vectors: int):
@@ -298,7 +414,7 @@ def _make_widen(vectors: int):
         def lanes(values):
             return ir.Constant(ir.VectorType(i32, len(values)), values)
 
-        scale, minimum = factor_vectors(builder, factors, g, signature.args[1].dtype == types.uint16)
+        scale, minimum = factor_vectors(builder, factors, signature.args[1].dtype, g, group, not four_bit)
         # quarter q of a vector holds rows 4q .. 4q + 3, four inputs each: each row's factor over its four
         spread = [lanes([4 * q + lane // 4 for lane in range(16)]) for q in range(4)]
         scales = [builder.shuffle_vector(scale, scale, mask) for mask in spread]

@@ -52,7 +52,6 @@ def _make_block(count: int, vectors: int):
         size = cgutils.unpack_tuple(builder, high.shape)[1]
         token_groups = cgutils.unpack_tuple(builder, token_factors.shape)[1]
         four_bit = signature.args[0].dtype == types.uint8
-        halves = signature.args[1].dtype == types.uint16  # float16 bits
         dot = host.declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", _LANES, [_LANES] * 3)
 
         def constant(value):
@@ -67,8 +66,9 @@ def _make_block(count: int, vectors: int):
         totals = [builder.phi(_FLOATS) for _ in range(count)]
 
         parts = [builder.bitcast(v, _LANES) for v in group_vectors(builder, weights, g, vectors, four_bit)]
-        scale, minimum = factor_vectors(builder, factors, g, halves)
-        start = builder.mul(g, constant(LANE * len(parts)))
+        group = LANE * len(parts)
+        scale, minimum = factor_vectors(builder, factors, signature.args[1].dtype, g, group, not four_bit)
+        start = builder.mul(g, constant(group))
         grown = []
         for r in range(count):
             t = builder.add(first, constant(r))

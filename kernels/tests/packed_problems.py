@@ -3,8 +3,10 @@
 A drawn :class:`Spec` names the shape (activation rows, output rows so that
 the last block of sixteen is often padded, input sizes in whole groups of
 32), the weight form (4-bit, or 8-bit in groups of 32 or 16 with or without
-an offset), whether the factors are float16 numbers (packed as float16 bits,
-as GGUF stores them) and the activations' magnitude; values come from a
+an offset), how the factors come (float32 numbers; float16 ones, packed as
+float16 bits as GGUF's legacy types store them; or :class:`~hetero_kernels.cpu_packed.Coded`
+ones, a float16 base per 256 inputs times a byte per group, as its K-quants
+store them) and the activations' magnitude; values come from a
 drawn seed, so a failure shrinks to a small spec that names its case. Every
 problem's activations hold an all-zero group and one outlier.
 """
@@ -19,6 +21,8 @@ from hetero_kernels import cpu_packed
 
 GROUP = cpu_packed.GROUP_SIZE
 FORMS = [(4, GROUP), (8, GROUP), (8, cpu_packed.FINE_GROUP_SIZE)]  # (bits, inputs a group)
+FACTORS = ("float32", "float16", "coded")
+SUPER = cpu_packed.SUPER_SIZE
 
 
 @attrs.frozen
@@ -43,11 +47,21 @@ class Weights:
         return self.q.astype(np.float64) + (128 if self.bits == 8 else 0)
 
 
+def coded(rng: np.random.Generator, rows: int, size: int, group: int, largest: float, codes: tuple[int, int]):
+    """K-quant-like factors: a float16 base per 256 inputs (up to ``largest`` / 64) times codes drawn from
+    ``codes`` (inclusive)."""
+    base = (rng.random((rows, size // SUPER)) * largest / 64).astype(np.float16).astype(np.float32)
+    return cpu_packed.Coded(base, rng.integers(codes[0], codes[1] + 1, (rows, size // group)).astype(np.int8))
+
+
 def weights_of(
-    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool, float16_factors: bool
+    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool, factors: str
 ) -> Weights:
-    """Random weights of one form: 4-bit ``scale * q + minimum`` (Q4_1's), or 8-bit ``scale * q`` (Q8_0's,
-    -128 and 127 included) plus an offset per group where ``with_offset`` (Q5_1's, Q6_K's)."""
+    """Random weights of one form: 4-bit ``scale * q + minimum`` (Q4_1's, Q4_K's), or 8-bit ``scale * q``
+    (Q8_0's, -128 and 127 included) plus an offset per group where ``with_offset`` (Q5_1's, Q5_K's); factors
+    as ``factors`` names (:data:`FACTORS`)."""
+    if factors == "coded":
+        return coded_weights_of(rng, rows, size, bits, group, with_offset)
     scale = (rng.random((rows, size // group)) * 0.02).astype(np.float32)
     if bits == 4:
         q = rng.integers(0, 16, (rows, size)).astype(np.uint8)
@@ -56,16 +70,38 @@ def weights_of(
         q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
         q[0, :group], q[-1, -group:] = -128, 127
         offset = (rng.standard_normal(scale.shape) * 0.01).astype(np.float32) if with_offset else None
-    if float16_factors:
+    if factors == "float16":
         scale = scale.astype(np.float16).astype(np.float32)
         offset = None if offset is None else offset.astype(np.float16).astype(np.float32)
+    return packed_weights(bits, group, q, scale, offset)
+
+
+def coded_weights_of(
+    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool
+) -> Weights:
+    """Q4_K-like (6-bit scale and minimum codes, negative minimum bases), Q5_K-like (8-bit with an offset)
+    or Q6_K-like (8-bit, signed scale codes) weights."""
+    if bits == 4:
+        q = rng.integers(0, 16, (rows, size)).astype(np.uint8)
+        scale, minimum = coded(rng, rows, size, group, 0.02, (0, 63)), coded(rng, rows, size, group, 0.16, (0, 63))
+        return packed_weights(bits, group, q, scale, cpu_packed.Coded(-minimum.base, minimum.codes))
+    q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
+    if with_offset:
+        return packed_weights(
+            bits, group, q, coded(rng, rows, size, group, 0.02, (0, 63)), coded(rng, rows, size, group, 1.0, (-32, 31))
+        )
+    return packed_weights(bits, group, q, coded(rng, rows, size, group, 0.02, (-128, 127)), None)
+
+
+def packed_weights(bits: int, group: int, q: np.ndarray, scale, offset) -> Weights:
+    """``q`` with its factors (arrays or :class:`~hetero_kernels.cpu_packed.Coded`) packed, and each weight's value."""
     if bits == 4:
         packed, factors = cpu_packed.pack4(q, scale, offset)
-        minimum = offset
     else:
         packed, factors = cpu_packed.pack8(q, scale, offset)
-        minimum = np.float32(-128.0) * scale + (np.float32(0.0) if offset is None else offset)
+    scale, offset = (f.values() if isinstance(f, cpu_packed.Coded) else f for f in (scale, offset))
     added = np.zeros_like(scale) if offset is None else offset
+    minimum = added if bits == 4 else np.float32(-128.0) * scale + added
     exact = np.repeat(scale.astype(np.float64), group, axis=1) * q + np.repeat(added, group, axis=1)
     return Weights(bits, group, q, scale, minimum, exact, packed, factors)
 
@@ -86,27 +122,28 @@ class Spec:
     bits: int
     group: int
     with_offset: bool
-    float16_factors: bool
+    factors: str
     magnitude: float
     seed: int
 
     def build(self) -> tuple[np.ndarray, Weights]:
         rng = np.random.default_rng(self.seed)
-        weights = weights_of(rng, self.rows, self.size, self.bits, self.group, self.with_offset, self.float16_factors)
+        weights = weights_of(rng, self.rows, self.size, self.bits, self.group, self.with_offset, self.factors)
         return activations(rng, self.tokens, self.size, self.magnitude), weights
 
 
 @st.composite
 def specs(draw: st.DrawFn, max_tokens: int) -> Spec:
     bits, group = draw(st.sampled_from(FORMS))
+    factors = draw(st.sampled_from(FACTORS))
     return Spec(
         tokens=draw(st.integers(1, max_tokens)),
         rows=draw(st.integers(1, 40)),
-        size=GROUP * draw(st.integers(1, 8)),
+        size=SUPER * draw(st.integers(1, 2)) if factors == "coded" else GROUP * draw(st.integers(1, 8)),
         bits=bits,
         group=group,
         with_offset=bits == 8 and draw(st.booleans()),
-        float16_factors=draw(st.booleans()),
+        factors=factors,
         magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -125,6 +162,7 @@ def term_magnitudes(x: np.ndarray, weights: Weights) -> np.ndarray:
 
 def with_two_signatures(spec: Spec) -> Spec:
     """``spec`` with 4-bit weights' factors float16 bits and 8-bit ones' float32 (an offset makes them so): the
-    bfloat16 tests take these two of the four compiled weight and factor dtypes, since bfloat16 changes only
+    bfloat16 tests take these two of the six compiled weight and factor dtypes, since bfloat16 changes only
     how activations are read and outputs written, and each signature costs seconds to compile."""
-    return attrs.evolve(spec, float16_factors=spec.bits == 4, with_offset=spec.bits == 8)
+    size = spec.size if spec.factors != "coded" else GROUP * (spec.size // SUPER)
+    return attrs.evolve(spec, factors="float16" if spec.bits == 4 else "float32", with_offset=spec.bits == 8, size=size)

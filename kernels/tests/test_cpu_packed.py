@@ -30,16 +30,19 @@ def bound(x: np.ndarray, weights: Weights) -> np.ndarray:
     return missed @ np.abs(weights.exact).T + roundings
 
 
-def factors_are_halves(weights: Weights) -> bool:
-    """Whether float16 holds every scale and minimum exactly, so that they are packed as float16 bits."""
-    return all(np.array_equal(v.astype(np.float16).astype(np.float32), v) for v in (weights.scale, weights.minimum))
+def factor_dtype(spec, weights: Weights) -> type:
+    """Coded factors as bytes; else float16 bits where float16 holds every scale and minimum exactly."""
+    if spec.factors == "coded":
+        return np.int8
+    halves = all(np.array_equal(v.astype(np.float16).astype(np.float32), v) for v in (weights.scale, weights.minimum))
+    return np.uint16 if halves else np.float32
 
 
 @settings(max_examples=40, deadline=None)
 @given(spec=specs(max_tokens=9))
 def test_matmul_within_half_a_16_bit_step_per_input_and_float32_rounding(spec) -> None:
     x, weights = spec.build()
-    assert weights.factors.dtype == (np.uint16 if factors_are_halves(weights) else np.float32)
+    assert weights.factors.dtype == factor_dtype(spec, weights)
     out = np.empty((spec.tokens, spec.rows), np.float32)
     cpu_packed.matmul(x, weights.packed, weights.factors, out)
     assert np.all(np.abs(out - x.astype(np.float64) @ weights.exact.T) <= bound(x, weights))
@@ -61,7 +64,7 @@ def test_bfloat16_activations_and_outputs_are_the_float32_results_rounded(spec) 
 @pytest.mark.parametrize(("bits", "group"), FORMS)
 def test_groups_too_small_for_a_finite_inverse_step_count_as_zero(bits: int, group: int) -> None:
     rng = np.random.default_rng(1)
-    weights = weights_of(rng, 20, 3 * GROUP, bits, group, with_offset=bits == 8, float16_factors=False)
+    weights = weights_of(rng, 20, 3 * GROUP, bits, group, with_offset=bits == 8, factors="float32")
     x = activations(rng, 3, 3 * GROUP, 1.0)
     x[0, :GROUP] = 1e-36  # dropped: its inverse step would overflow
     x[1, GROUP : 2 * GROUP] = 4e-26  # just above the smallest step: inverse 8e29
@@ -127,7 +130,7 @@ def test_unpack_columns_writes_whole_blocks_transposed_as_unpack_widens_their_ro
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16])
 def test_unpack_of_no_rows_writes_nothing(dtype) -> None:
-    weights = weights_of(np.random.default_rng(2), 20, 2 * GROUP, 4, GROUP, with_offset=False, float16_factors=True)
+    weights = weights_of(np.random.default_rng(2), 20, 2 * GROUP, 4, GROUP, with_offset=False, factors="float16")
     out = np.empty((0, 2 * GROUP), dtype)
     cpu_packed.unpack(weights.packed, weights.factors, np.zeros(0, np.int64), out)
     assert out.shape == (0, 2 * GROUP)
@@ -153,3 +156,20 @@ def pack(bits: int, size: int, factors: int) -> None:
 def test_packing_refuses_partial_groups_and_other_group_sizes(bits: int, size: int, factors: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         pack(bits, size, factors)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_coded_factors_need_whole_super_blocks(bits: int) -> None:
+    q = np.zeros((2, 64), np.uint8 if bits == 4 else np.int8)
+    codes = cpu_packed.Coded(np.ones((2, 1), np.float32), np.ones((2, 2), np.int8))
+    with pytest.raises(ValueError, match="coded factors need whole super-blocks of 256 inputs"):
+        cpu_packed.pack4(q, codes, codes) if bits == 4 else cpu_packed.pack8(q, codes, codes)
+
+
+def test_coded_factors_that_float16_cannot_hold_are_packed_as_their_values() -> None:
+    """A base float16 does not hold exactly: the factors are packed as float32 products, the same weights."""
+    q = np.random.default_rng(3).integers(0, 16, (3, 256)).astype(np.uint8)
+    scale = cpu_packed.Coded(np.full((3, 1), 1 / 3, np.float32), np.arange(24, dtype=np.int8).reshape(3, 8))
+    packed, factors = cpu_packed.pack4(q, scale, scale)
+    assert factors.dtype == np.float32
+    np.testing.assert_array_equal(factors, cpu_packed.pack4(q, scale.values(), scale.values())[1])

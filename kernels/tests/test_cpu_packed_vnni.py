@@ -17,9 +17,7 @@ pytestmark = pytest.mark.skipif(
     reason="this CPU has no AVX-512 VNNI, Numba does not compile for it,"
     " or HETERO_KERNELS_PORTABLE forces the portable paths",
 )
-CHUNKS = Spec(
-    tokens=7, rows=40, size=96, bits=8, group=16, with_offset=True, float16_factors=False, magnitude=1.0, seed=0
-)
+CHUNKS = Spec(tokens=7, rows=40, size=96, bits=8, group=16, with_offset=True, factors="float32", magnitude=1.0, seed=0)
 """Seven activation rows: one chunk each of four, two and one, over a padded last block."""
 
 

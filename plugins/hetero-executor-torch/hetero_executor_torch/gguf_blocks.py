@@ -18,6 +18,9 @@ without rounding onto one of the two forms the packed linear layers run:
   signed 8-bit ``sc``) and Q2_K (``q`` 0..3, ``scale = d * (sc & 15)``,
   ``offset = -dmin * (sc >> 4)``), whose scales change every 16 inputs.
 
+The K-quants' factors are returned as :class:`SuperBlocks` (the super-block's
+f16 factor and each group's code), which the packed layout keeps as they are.
+
 Any other type returns None here and loads dense.
 
 Layouts, bytes per block (``gguf.quants`` is the reference for each):
@@ -48,14 +51,35 @@ Q2_K        84     16 bytes of codes (low nibble scale, high nibble minimum); 64
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import gguf
 import numpy as np
 import torch
 
-from hetero_executor_torch.quantized import GROUP_SIZE, ByteQuantized, GroupQuantized
+from hetero_executor_torch.quantized import GROUP_SIZE, ByteQuantized, Codes, GroupQuantized
 
 T = gguf.GGMLQuantizationType
 IQ4_NL_VALUES = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.int8)
+
+
+class SuperBlocks(NamedTuple):
+    """A K-quant's group factors, ``base * code``: each super-block's f16 factor (float32 ``[blocks, 1]``)
+    and its groups' codes (int8 ``[blocks, groups]``)."""
+
+    base: np.ndarray
+    codes: np.ndarray
+
+    def values(self) -> np.ndarray:
+        """float32 ``[blocks, groups]``, each factor one product, as ``gguf.quants`` computes it."""
+        return self.base * self.codes.astype(np.float32)
+
+
+Factor = np.ndarray | SuperBlocks
+
+
+def factor_values(factor: Factor) -> np.ndarray:
+    return factor.values() if isinstance(factor, SuperBlocks) else factor
 
 
 def _f16(blocks: np.ndarray, offset: int) -> np.ndarray:
@@ -88,19 +112,25 @@ def group_form(data: np.ndarray, kind: T) -> GroupQuantized | ByteQuantized | No
     """A tensor's raw blocks (``[rows, bytes per row]``) in its exact group form, or None where it has none."""
     rows = data.shape[0]
 
-    def tensors(*arrays: np.ndarray) -> list[torch.Tensor]:
-        return [torch.from_numpy(np.ascontiguousarray(a).reshape(rows, -1)) for a in arrays]
+    def tensor(array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(array).reshape(rows, -1))
+
+    def quantized(cls: type, q: np.ndarray, scale: Factor, second: Factor) -> GroupQuantized | ByteQuantized:
+        codes = None
+        if isinstance(scale, SuperBlocks) and isinstance(second, SuperBlocks):
+            codes = tuple(Codes(tensor(f.base), tensor(f.codes.astype(np.int8))) for f in (scale, second))
+        return cls(tensor(q), tensor(factor_values(scale)), tensor(factor_values(second)), codes)
 
     four = _four_bit(data, kind)
     if four is not None:
-        return GroupQuantized(*tensors(*four))
+        return quantized(GroupQuantized, *four)
     eight = eight_bit(data, kind)
     if eight is None:
         eight = fine_eight_bit(data, kind)
-    return None if eight is None else ByteQuantized(*tensors(*eight))
+    return None if eight is None else quantized(ByteQuantized, *eight)
 
 
-def _four_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _four_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, Factor, Factor] | None:
     """``(q, scale, minimum)``, ``q`` 0..15 per input, the factors per group of 32."""
     if kind in (T.Q4_0, T.Q4_1):
         header = 4 if kind == T.Q4_1 else 2
@@ -110,12 +140,17 @@ def _four_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.nda
         return _nibbles(blocks[:, header:]), scale, minimum
     if kind == T.Q4_K:
         blocks = data.reshape(-1, 144)
-        codes, mins = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
-        return _k_nibbles(blocks[:, 16:]), _f16(blocks, 0) * codes, -_f16(blocks, 2) * mins
+        return _k_nibbles(blocks[:, 16:]), *_k_factors(blocks)
     return None
 
 
-def eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _k_factors(blocks: np.ndarray) -> tuple[SuperBlocks, SuperBlocks]:
+    """Q4_K's and Q5_K's scales ``d * sc`` and minimums ``-dmin * m``, from their 6-bit codes."""
+    codes, mins = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
+    return SuperBlocks(_f16(blocks, 0), codes.astype(np.int8)), SuperBlocks(-_f16(blocks, 2), mins.astype(np.int8))
+
+
+def eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, Factor, Factor] | None:
     """``(q, scale, offset)``: ``q`` int8 per input, ``w = scale * q + offset`` with the factors per group
     of 32 (``[groups, 1]``, or ``[blocks, 8]`` for the 256-weight types); None for other types."""
     if kind == T.Q8_0:
@@ -136,19 +171,17 @@ def eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.nda
         return IQ4_NL_VALUES[_nibbles(blocks[:, 2:])], scale, np.zeros_like(scale)
     if kind == T.Q5_K:
         blocks = data.reshape(-1, 176)
-        codes, mins = gguf.quants.Q4_K.get_scale_min(blocks[:, 4:16])
         fifth = ((blocks[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1) << 4
         q = (_k_nibbles(blocks[:, 48:]) | fifth).astype(np.int8)
-        return q, _f16(blocks, 0) * codes, -_f16(blocks, 2) * mins
+        return q, *_k_factors(blocks)
     if kind == T.Q3_K:
         blocks = data.reshape(-1, 110)
         high = (blocks[:, None, :32] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
         q3 = _two_bit(blocks[:, 32:96]).astype(np.int16) - 4 * (1 - high.reshape(-1, 256).astype(np.int16))
         scales = _q3_k_scales(blocks[:, 96:108])  # [blocks, 16], -32..31
         value = np.repeat(scales, 16, axis=1) * q3  # -124..128
-        d = _f16(blocks, 108)
-        scale = np.repeat(d, 8, axis=1)
-        return (value - 1).astype(np.int8), scale, scale.copy()
+        scale = SuperBlocks(_f16(blocks, 108), np.ones((blocks.shape[0], 8), np.int8))
+        return (value - 1).astype(np.int8), scale, scale
     return None
 
 
@@ -168,7 +201,7 @@ def _two_bit(packed: np.ndarray) -> np.ndarray:
     )
 
 
-def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, Factor, Factor] | None:
     """``(q, scale, offset)``: ``q`` int8 per input, ``w = scale * q + offset`` with the factors per group
     of 16 (``[blocks, 16]``); None for types other than Q6_K and Q2_K."""
     if kind == T.Q6_K:
@@ -181,14 +214,14 @@ def fine_eight_bit(data: np.ndarray, kind: T) -> tuple[np.ndarray, np.ndarray, n
         q |= _two_bit(blocks[:, 128:192]) << 4  # the high two bits, laid out as Q3_K's low ones
         signed = q.view(np.int8)
         signed -= 32
-        scale = _f16(blocks, 208) * blocks[:, 192:208].view(np.int8).astype(np.float32)
-        return signed, scale, np.zeros_like(scale)
+        scale = SuperBlocks(_f16(blocks, 208), blocks[:, 192:208].view(np.int8))
+        return signed, scale, SuperBlocks(np.zeros_like(scale.base), np.zeros_like(scale.codes))
     if kind == T.Q2_K:
         blocks = data.reshape(-1, 84)
         codes = blocks[:, :16]
         return (
             _two_bit(blocks[:, 16:80]).astype(np.int8),
-            _f16(blocks, 80) * (codes & 15),
-            -_f16(blocks, 82) * (codes >> 4),
+            SuperBlocks(_f16(blocks, 80), (codes & 15).astype(np.int8)),
+            SuperBlocks(-_f16(blocks, 82), (codes >> 4).astype(np.int8)),
         )
     return None

@@ -32,7 +32,7 @@ from hetero_core.logs import get_logger
 from hetero_core.model_source import parse
 from hetero_executor_torch.gguf_blocks import group_form
 from hetero_executor_torch.model_config import SUPPORTED_GGUF_ARCHITECTURES, ModelConfig, token_ids
-from hetero_executor_torch.quantized import ByteQuantized, GroupQuantized, Weight, fine_groups_run_packed
+from hetero_executor_torch.quantized import ByteQuantized, Codes, GroupQuantized, Weight, fine_groups_run_packed
 
 log = get_logger(__name__)
 
@@ -72,14 +72,14 @@ _TYPE_NUMBERS = {kind.value for kind in gguf.GGMLQuantizationType}
 
 
 def unpermute_weight(weight: Weight, num_heads: int) -> Weight:
+    def rows(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(unpermute(tensor.numpy(), num_heads)))
+
     if isinstance(weight, (GroupQuantized, ByteQuantized)):
-        return type(weight)(
-            *(
-                torch.from_numpy(np.ascontiguousarray(unpermute(t.numpy(), num_heads)))
-                for t in attrs.astuple(weight, recurse=False)
-            )
-        )
-    return torch.from_numpy(np.ascontiguousarray(unpermute(weight.numpy(), num_heads)))
+        fields = {f.name: rows(getattr(weight, f.name)) for f in attrs.fields(type(weight)) if f.name != "codes"}
+        codes = None if weight.codes is None else tuple(Codes(rows(c.base), rows(c.codes)) for c in weight.codes)
+        return type(weight)(**fields, codes=codes)
+    return rows(weight)
 
 
 def _hf_name(gguf_name: str) -> str | None:

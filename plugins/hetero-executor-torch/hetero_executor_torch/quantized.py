@@ -52,13 +52,46 @@ GROUP_SIZE = 32
 WEIGHT_FORMATS = ("auto", "dense", "int8", "int4")
 
 
+SUPER_BLOCK = 256  # the inputs a K-quant super-block spans
+
+
+@attrs.frozen
+class Codes:
+    """Group factors as K-quant super-blocks hold them, each ``base * code`` exactly: a base per
+    :data:`SUPER_BLOCK` inputs of a row (float16 values) and a signed byte per group."""
+
+    base: torch.Tensor  # [out, in // SUPER_BLOCK] float32
+    codes: torch.Tensor  # [out, groups] int8
+
+    def values(self) -> torch.Tensor:
+        """The factors, float32 ``[out, groups]``: each one product, as GGUF's dequantization rounds it."""
+        per = self.codes.shape[1] // self.base.shape[1]
+        return self.base.repeat_interleave(per, dim=1) * self.codes.float()
+
+    def repeated(self, times: int) -> Codes:
+        """The same factors for groups ``times`` smaller."""
+        return self if times == 1 else Codes(self.base, self.codes.repeat_interleave(times, dim=1))
+
+    @staticmethod
+    def cat(parts: list[tuple[Codes, Codes] | None]) -> tuple[Codes, Codes] | None:
+        """Parts' codes stacked along the output dimension; None unless every part has them."""
+        if any(p is None for p in parts):
+            return None
+        return tuple(
+            Codes(torch.cat([p[i].base for p in parts]), torch.cat([p[i].codes for p in parts])) for i in (0, 1)
+        )
+
+
 @attrs.frozen
 class GroupQuantized:
-    """Weights ``[out, in]`` stored as ``scale * q + minimum`` per group of 32 along the input dimension."""
+    """Weights ``[out, in]`` stored as ``scale * q + minimum`` per group of 32 along the input dimension;
+    ``codes``, where the file has them, are the same scales and minimums as its super-blocks hold them
+    (the packed layout keeps those, in a third of the bytes)."""
 
     q: torch.Tensor  # [out, in] uint8, 0..15
     scale: torch.Tensor  # [out, in // GROUP_SIZE] float32
     minimum: torch.Tensor  # [out, in // GROUP_SIZE] float32
+    codes: tuple[Codes, Codes] | None = None  # (scale, minimum)
 
     @property
     def shape(self) -> torch.Size:
@@ -81,18 +114,23 @@ class GroupQuantized:
     @classmethod
     def cat(cls, parts: list[GroupQuantized]) -> GroupQuantized:
         return cls(
-            torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.minimum for p in parts])
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.minimum for p in parts]),
+            Codes.cat([p.codes for p in parts]),
         )
 
 
 @attrs.frozen
 class ByteQuantized:
     """8-bit weights ``[out, in]`` stored as ``scale * q + offset``, ``q`` in -128..127, with one scale and
-    one offset per group of 32 inputs (GGUF's Q8_0, Q5_0, ...) or of 16 (Q6_K, Q2_K)."""
+    one offset per group of 32 inputs (GGUF's Q8_0, Q5_0, ...) or of 16 (Q6_K, Q2_K); ``codes`` as
+    :class:`GroupQuantized`'s."""
 
     q: torch.Tensor  # [out, in] int8
     scale: torch.Tensor  # [out, groups] float32
     offset: torch.Tensor  # [out, groups] float32
+    codes: tuple[Codes, Codes] | None = None  # (scale, offset)
 
     @property
     def shape(self) -> torch.Size:
@@ -109,11 +147,10 @@ class ByteQuantized:
     def in_groups_of(self, size: int) -> ByteQuantized:
         """The same weights with factors per ``size`` inputs (a divisor of the group size), exactly."""
         repeats = self.group_size // size
-        return (
-            self
-            if repeats == 1
-            else ByteQuantized(self.q, *(f.repeat_interleave(repeats, dim=1) for f in (self.scale, self.offset)))
-        )
+        if repeats == 1:
+            return self
+        codes = None if self.codes is None else tuple(c.repeated(repeats) for c in self.codes)
+        return ByteQuantized(self.q, *(f.repeat_interleave(repeats, dim=1) for f in (self.scale, self.offset)), codes)
 
     def halves(self) -> tuple[GroupQuantized, GroupQuantized]:
         """Groups of 32 as the sum of two 4-bit weights, exactly: ``q = 16 * high + low``, ``high`` the
@@ -129,7 +166,10 @@ class ByteQuantized:
     @classmethod
     def cat(cls, parts: list[ByteQuantized]) -> ByteQuantized:
         return cls(
-            torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), torch.cat([p.offset for p in parts])
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.offset for p in parts]),
+            Codes.cat([p.codes for p in parts]),
         )
 
 
@@ -144,7 +184,7 @@ def as_bytes(weight: GroupQuantized | ByteQuantized) -> ByteQuantized:
     """4-bit groups in the 8-bit form, exactly: ``q`` 0..15 as it is, the minimum as the offset."""
     if isinstance(weight, ByteQuantized):
         return weight
-    return ByteQuantized(weight.q.to(torch.int8), weight.scale, weight.minimum)
+    return ByteQuantized(weight.q.to(torch.int8), weight.scale, weight.minimum, weight.codes)
 
 
 def concat(parts: list[Weight]) -> Weight:
@@ -245,11 +285,13 @@ class PackedWeights:
         from hetero_kernels import cpu_packed
 
         self.multiply, self.out_features = multiply, weight.shape[0]
-        scale = weight.scale.float().numpy()
-        if isinstance(weight, GroupQuantized):
-            self.packed, self.factors = cpu_packed.pack4(weight.q.numpy(), scale, weight.minimum.float().numpy())
+        four_bit = isinstance(weight, GroupQuantized)
+        if weight.codes is None:
+            factors = (weight.scale.float().numpy(), (weight.minimum if four_bit else weight.offset).float().numpy())
         else:
-            self.packed, self.factors = cpu_packed.pack8(weight.q.numpy(), scale, weight.offset.float().numpy())
+            factors = tuple(cpu_packed.Coded(c.base.numpy(), c.codes.numpy()) for c in weight.codes)
+        pack = cpu_packed.pack4 if four_bit else cpu_packed.pack8
+        self.packed, self.factors = pack(weight.q.numpy(), *factors)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)

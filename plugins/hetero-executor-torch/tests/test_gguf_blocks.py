@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetero_executor_torch.gguf_blocks import eight_bit, fine_eight_bit, group_form
+from hetero_executor_torch.gguf_blocks import eight_bit, factor_values, fine_eight_bit, group_form
 from hetero_executor_torch.loading import FINE_TYPES, PACKED_TYPES
 from hetero_executor_torch.quantized import (
     ByteQuantized,
@@ -61,7 +61,7 @@ def test_each_packed_type_reads_back_exactly_what_gguf_dequantizes(kind: T) -> N
     eight, fine = eight_bit(raw, kind), fine_eight_bit(raw, kind)
     for values, size in ((eight, 32), (fine, 16)):
         if values is not None:  # the 8-bit values and factors are exact
-            q, scale, offset = (np.ascontiguousarray(a).reshape(4, -1) for a in values)
+            q, scale, offset = (np.ascontiguousarray(factor_values(a)).reshape(4, -1) for a in values)
             widened = q.astype(np.float32) * np.repeat(scale, size, axis=1) + np.repeat(offset, size, axis=1)
             np.testing.assert_array_equal(widened, expected)
     form = group_form(raw, kind)
@@ -115,3 +115,27 @@ def test_parts_of_a_projection_join_exactly_in_the_finest_form(kinds: tuple[T, .
     assert isinstance(joined, ByteQuantized) and joined.group_size == group_size
     expected = torch.cat([p.dequantize() for p in parts])
     torch.testing.assert_close(joined.dequantize(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
+
+
+K_QUANTS = sorted({T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
+
+
+@pytest.mark.parametrize("kind", K_QUANTS, ids=lambda k: k.name)
+def test_k_quants_keep_their_super_block_codes_and_pack_them(kind: T) -> None:
+    """The codes give the factors exactly; packed, they stay codes (a byte each, a float16 base per 256 inputs)."""
+    form = group_form(random_blocks(kind, rows=16, inputs=512, seed=int(kind) + 300), kind)
+    second = form.minimum if isinstance(form, GroupQuantized) else form.offset
+    for codes, values in zip(form.codes, (form.scale, second), strict=True):
+        torch.testing.assert_close(codes.values(), values, rtol=0, atol=0)
+    if fine_groups_run_packed():
+        linear = make_linear(form, None, "auto", torch.float32, CPU)
+        assert linear.rows.factors.dtype == np.int8
+
+
+def test_k_quant_parts_join_with_their_codes_and_others_without() -> None:
+    q4_k, q6_k, q5_0 = (group_form(random_blocks(kind, 16, 256, 7), kind) for kind in (T.Q4_K, T.Q6_K, T.Q5_0))
+    joined = concat([q4_k, q6_k])
+    assert joined.codes is not None and joined.group_size == 16
+    torch.testing.assert_close(joined.codes[0].values(), joined.scale, rtol=0, atol=0)
+    torch.testing.assert_close(joined.codes[1].values(), joined.offset, rtol=0, atol=0)
+    assert concat([q4_k, q5_0]).codes is None
