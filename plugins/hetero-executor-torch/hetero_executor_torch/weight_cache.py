@@ -19,10 +19,12 @@ kept on disk and read back on later starts.
   The structure is JSON, not a pickle: reading it makes only the classes of
   this executor's ``model`` and ``quantized`` modules (``__new__``, then their
   state) and names only the kernels' functions, and calls nothing else the
-  entry names. An entry is read by mapping
-  it copy-on-write: its arrays are views of the page cache's pages, never
-  copied. Reading checks every length and a checksum (xxh3-128) over the
-  structure and the arrays; an entry that fails is deleted and rebuilt.
+  entry names. An entry is read by mapping it copy-on-write: its arrays are
+  views of the page cache's pages, never copied, resident only where used
+  (an embedding table's unused rows are not). Reading checks every length
+  and a checksum (xxh3-128) over the structure and the arrays, read from the
+  file rather than through the mapping; an entry that fails is deleted and
+  rebuilt.
 - **Concurrent starts.** Entries are written to a temporary file and renamed
   into place: two starts building one entry at once both succeed, and a reader
   never sees a partial entry.
@@ -43,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import attrs
 import numpy as np
@@ -137,7 +139,7 @@ class WeightCache:
         try:
             with open(path, "rb") as file:  # mapped copy-on-write: pages come from the page cache, never copied
                 mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
-            objects = read_entry(mapped)
+                objects = read_entry(mapped, file)
         except FileNotFoundError:
             return None
         except Exception as exc:  # whatever the bytes say, a bad entry is rebuilt, never trusted
@@ -386,9 +388,20 @@ def _typed(raw: np.ndarray, record: dict[str, Any]) -> np.ndarray:
     return raw.view(dtype).reshape(record["shape"])
 
 
-def read_entry(buffer: Any) -> Any:
-    """The objects of the entry in ``buffer`` (bytes-like, its arrays' views into it); :class:`CorruptEntry` where
-    it does not check out."""
+def _chunks(buffer: Any, file: Any, start: int, count: int) -> Iterator[Any]:
+    """Bytes ``start .. start + count`` of the entry: read from ``file`` where given, so that checking them
+    maps none of ``buffer``'s pages into the process (those of weights never used stay out of its memory),
+    else ``buffer``'s own."""
+    if file is None:
+        yield np.frombuffer(buffer, np.uint8, count, start)
+        return
+    for offset in range(start, start + count, _CHUNK):
+        yield os.pread(file.fileno(), min(_CHUNK, start + count - offset), offset)
+
+
+def read_entry(buffer: Any, file: Any = None) -> Any:
+    """The objects of the entry in ``buffer`` (bytes-like, its arrays' views into it), checked against the same
+    bytes read from ``file`` where given; :class:`CorruptEntry` where it does not check out."""
     data = memoryview(buffer).cast("B")
     if bytes(data[: len(MAGIC)]) != MAGIC:
         raise CorruptEntry("not a weight cache entry (or another version's)")
@@ -408,7 +421,8 @@ def read_entry(buffer: Any) -> Any:
         if record["offset"] < position or record["offset"] + record["nbytes"] > table["data"]:
             raise CorruptEntry("array outside the data")
         raw = np.frombuffer(buffer, np.uint8, record["nbytes"], first + record["offset"])
-        checksum.update(raw)
+        for chunk in _chunks(buffer, file, first + record["offset"], record["nbytes"]):
+            checksum.update(chunk)
         arrays.append(_typed(raw, record))
         position = record["offset"] + record["nbytes"]
     if checksum.hexdigest() != table["checksum"]:
