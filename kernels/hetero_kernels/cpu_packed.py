@@ -16,6 +16,12 @@ weights loaded for a group serve every activation row of the step::
                                              nibbles and 16 + 4k .. 16 + 4k + 3 in its high ones
     8-bit (int8, 8 vectors a group of 32,    vector k holds inputs 4k .. 4k+3, the signed
            or 4 a group of 16):              bytes as the file has them
+    6-bit (uint8, 6 vectors a group of 32,   8-bit weights in -32..31, as q + 32: of a group's
+           or 3 a group of 16):              n = 8 (or 4) runs of four inputs, vector k < n/2
+                                             holds run k in its low nibbles and run k + n/2 in
+                                             its high ones; vector n/2 + j the high two bits
+                                             of runs j, j + n/4, j + n/2, j + 3n/4 at bits
+                                             0, 2, 4, 6
 
     factors [blocks, groups, 2, 16]           the group's 16 scales, then its 16 minimums:
                                              float16 bits (uint16) where that holds every one
@@ -29,15 +35,17 @@ weights loaded for a group serve every activation row of the step::
 
 A coded group's ``scale = base * code`` and its second factor likewise, each
 one float32 product, as GGUF's dequantization computes them. The second factor
-is the minimum for 4-bit weights and the offset for 8-bit ones, the minimum
-then computed from it as below. A 4-bit group's factors take 40 bytes of 296
+is the minimum for 4-bit weights and the offset for 8-bit and 6-bit ones,
+the minimum then computed from it as below. A 4-bit group's factors take 40 bytes of 296
 in this form (128 of 384 in float32).
 
 The minimums are what the arithmetic adds per unit of ``sum(x)``: ``w = scale
 * q + minimum`` for 4-bit weights and, since the kernels read an 8-bit ``q``
 as ``q + 128`` (unsigned, as ``vpdpbusd`` takes its first operand), ``w =
 scale * (q + 128) + minimum`` with ``minimum = offset - 128 * scale`` for
-8-bit ones. A last block with fewer than sixteen rows is padded with zero
+8-bit ones; 6-bit ones likewise with ``q + 32`` and ``offset - 32 * scale``.
+:func:`pack8` stores 8-bit weights in 6 bits wherever they fit (GGUF's
+5-bit and 6-bit types, and 4-bit ones joined to them). A last block with fewer than sixteen rows is padded with zero
 weights, never written out.
 
 Activations are quantized per group of 32 to 16-bit integers ``x = step *
@@ -71,6 +79,18 @@ VECTOR = ROWS * LANE  # bytes
 GROUP_SIZE = 32
 FINE_GROUP_SIZE = 16  # the 8-bit groups GGUF's Q6_K and Q2_K scale
 SUPER_SIZE = 256  # the inputs a coded base spans (a K-quant super-block)
+NARROW = 32  # 8-bit weights in -NARROW .. NARROW - 1 are stored in 6 bits, as q + NARROW
+BIASES = {4: 0, 6: NARROW, 8: 128}  # what the kernels add to each form's q (bits: bias)
+
+
+def form_of(unsigned: bool, stored: int) -> tuple[int, int]:
+    """``(bits, runs)`` of weights with ``stored`` vectors a group (uint8 where ``unsigned``, else int8):
+    their width and the runs of four inputs a group holds."""
+    if not unsigned:
+        return 8, stored
+    return (4, 2 * stored) if stored == 4 else (6, stored * 4 // 3)
+
+
 LIMIT = np.float32(32639.0)  # the largest |v|: 256 * 127 + 127, so that its high byte stays signed
 SMALLEST_STEP = np.float32(1e-30)  # finer steps would overflow their inverse
 _OPTIONS = dict(fastmath=True, cache=True)
@@ -117,9 +137,9 @@ class Coded(NamedTuple):
 Factor = np.ndarray | Coded
 
 
-def _pack_factors(scale: Factor, second: Factor | None, group: int, eight_bit: bool) -> np.ndarray:
+def _pack_factors(scale: Factor, second: Factor | None, group: int, bias: int) -> np.ndarray:
     """The layout's factors: coded where both are :class:`Coded` and packable, else values (the minimums
-    of 8-bit weights being ``offset - 128 * scale``)."""
+    being ``second - bias * scale``)."""
     if isinstance(scale, Coded) and second is None:
         second = Coded(np.zeros_like(scale.base), np.zeros_like(scale.codes))
     if isinstance(scale, Coded) and isinstance(second, Coded) and scale.packable() and second.packable():
@@ -128,7 +148,7 @@ def _pack_factors(scale: Factor, second: Factor | None, group: int, eight_bit: b
     if second is None:
         second = np.zeros_like(scale)
     second = second.values() if isinstance(second, Coded) else np.asarray(second, np.float32)
-    return _factors(scale, np.float32(-128.0) * scale + second if eight_bit else second)
+    return _factors(scale, np.float32(-bias) * scale + second if bias else second)
 
 
 def _coded_factors(scale: Coded, second: Coded, group: int) -> np.ndarray:
@@ -180,16 +200,30 @@ def pack4(q: np.ndarray, scale: Factor, minimum: Factor) -> tuple[np.ndarray, np
     half = GROUP_SIZE // 2
     grouped = q.reshape(q.shape[0], -1, GROUP_SIZE)
     nibbles = (grouped[..., :half] | (grouped[..., half:] << 4)).reshape(q.shape[0], -1)
-    return _interleaved(nibbles, half), _pack_factors(scale, minimum, GROUP_SIZE, eight_bit=False)
+    return _interleaved(nibbles, half), _pack_factors(scale, minimum, GROUP_SIZE, BIASES[4])
 
 
 def pack8(q: np.ndarray, scale: Factor, offset: Factor | None = None) -> tuple[np.ndarray, np.ndarray]:
     """8-bit weights ``scale * q + offset`` (``q`` ``[out, in]`` int8, ``in`` a multiple of 32; ``scale``
     and ``offset`` ``[out, in // 32]`` or ``[out, in // 16]``, or :class:`Coded`; the offset zero where
-    None, as in Q8_0) as ``(weights, factors)`` in the layout above, the minimums ``offset - 128 *
-    scale``."""
+    None, as in Q8_0) as ``(weights, factors)`` in the layout above: in 6 bits where every ``q`` lies in
+    -32..31."""
     group = _check(q.shape[1], _groups(scale), (GROUP_SIZE, FINE_GROUP_SIZE))
-    return _interleaved(np.asarray(q, np.int8), group), _pack_factors(scale, offset, group, eight_bit=True)
+    q = np.asarray(q, np.int8)
+    if q.min() >= -NARROW and q.max() < NARROW:
+        return _six_bit(q, group), _pack_factors(scale, offset, group, BIASES[6])
+    return _interleaved(q, group), _pack_factors(scale, offset, group, BIASES[8])
+
+
+def _six_bit(q: np.ndarray, group: int) -> np.ndarray:
+    """``q + 32`` in the 6-bit layout: the runs' low nibbles in pairs, then their high two bits in fours."""
+    runs = _interleaved((q.astype(np.int16) + NARROW).astype(np.uint8), group)  # [blocks, groups, n, 64]
+    half, quarter = runs.shape[2] // 2, runs.shape[2] // 4
+    nibbles = (runs[:, :, :half] & 15) | (runs[:, :, half:] << 4)
+    crumbs = np.zeros_like(runs[:, :, :quarter])
+    for s in range(4):
+        crumbs |= (runs[:, :, s * quarter : (s + 1) * quarter] >> 4) << (2 * s)
+    return np.ascontiguousarray(np.concatenate([nibbles, crumbs], axis=2))
 
 
 @njit(**_OPTIONS)
@@ -233,9 +267,11 @@ def _group_factors(weights, factors, g, r, table):
 @overload(_group_factors, inline="always")
 def _group_factors_overload(weights, factors, g, r, table):
     if factors.dtype == types.int8:
-        eight_bit = weights.dtype == types.int8
+        unsigned = weights.dtype == types.uint8
+        eight, four, six = (np.float32(BIASES[bits]) for bits in (8, 4, 6))
 
         def coded(weights, factors, g, r, table):
+            bias = eight if not unsigned else (four if weights.shape[-2] == 4 else six)
             per = (factors.shape[1] - 4 * ROWS) // (2 * ROWS)
             line, at = factors[g // per], 4 * ROWS + (g % per) * 2 * ROWS + r
 
@@ -244,7 +280,7 @@ def _group_factors_overload(weights, factors, g, r, table):
 
             scale = base(2 * r) * np.float32(line[at])
             second = base(2 * ROWS + 2 * r) * np.float32(line[at + ROWS])
-            return scale, (second - np.float32(128.0) * scale if eight_bit else second)
+            return scale, second - bias * scale
 
         return coded
     if factors.dtype == types.uint16:
@@ -263,23 +299,30 @@ def _weight(weights, g, vector, byte):
 def _weight_overload(weights, g, vector, byte):
     if weights.dtype == types.uint8:
 
-        def nibble(weights, g, vector, byte):
-            return (np.int32(weights[g, vector & 3, byte]) >> ((vector >> 2) << 2)) & 15
+        def unsigned(weights, g, vector, byte):  # without branches, which inlining leaves Numba unsure of
+            stored = weights.shape[-2]
+            six_bit = np.int32(stored != 4)
+            half = 4 - 2 * np.int32(stored == 3)  # vectors of nibbles
+            quarter = half // 2
+            nibble = (np.int32(weights[g, vector % half, byte]) >> (4 * (vector // half))) & 15
+            high = np.int32(weights[g, min(half + vector % quarter, stored - 1), byte])
+            return nibble | (((high >> (2 * (vector // quarter))) & 3) * six_bit << 4)
 
-        return nibble
+        return unsigned
     return lambda weights, g, vector, byte: np.int32(weights[g, vector, byte]) + 128
 
 
 def vectors_of(weights):
-    """Weight vectors a group of ``weights`` (a block's, or all) multiplies: a 4-bit group's four hold
-    eight vectors' nibbles (compiled only, see the overload)."""
+    """Weight vectors (runs of four inputs) a group of ``weights`` (a block's, or all) multiplies: a
+    4-bit group's four stored vectors hold eight, a 6-bit group's three hold four and six eight
+    (compiled only, see the overload)."""
     raise NotImplementedError
 
 
 @overload(vectors_of, inline="always")
 def _vectors_of_overload(weights):
     if weights.dtype == types.uint8:
-        return lambda weights: 2 * weights.shape[-2]
+        return lambda weights: 8 if weights.shape[-2] == 4 else weights.shape[-2] * 4 // 3
     return lambda weights: weights.shape[-2]
 
 
@@ -328,11 +371,12 @@ def matmul(x, weights, factors, out):
                 put(out[t], b * ROWS + r, totals[r])
 
 
-def group_vectors(builder, weights, g, vectors: int, four_bit: bool) -> list:
+def group_vectors(builder, weights, g, vectors: int, unsigned: bool) -> list:
     """LLVM IR: group ``g``'s weight vectors of a block (``weights``: its Numba array struct, ``vectors``
-    stored vectors a group) as the kernels multiply them, ``<64 x i8>`` each, vector ``k`` holding inputs
-    ``4k .. 4k + 3`` of the group: a 4-bit group's low nibbles' four vectors then its high ones', an 8-bit
-    group's bytes as ``q + 128`` (the sign bit flipped)."""
+    stored vectors a group, uint8 where ``unsigned``) as the kernels multiply them, ``<64 x i8>`` each,
+    vector ``k`` holding inputs ``4k .. 4k + 3`` of the group: a 4-bit group's low nibbles' four vectors
+    then its high ones', a 6-bit group's nibbles joined to their high two bits, an 8-bit group's bytes
+    as ``q + 128`` (the sign bit flipped)."""
     bytes64 = ir.VectorType(ir.IntType(8), VECTOR)
     base = builder.mul(g, ir.Constant(ir.IntType(64), vectors * VECTOR))
     loaded = [
@@ -341,19 +385,31 @@ def group_vectors(builder, weights, g, vectors: int, four_bit: bool) -> list:
         )
         for k in range(vectors)
     ]
-    if four_bit:
-        return [builder.and_(v, ir.Constant(bytes64, [15] * VECTOR)) for v in loaded] + [
-            builder.lshr(v, ir.Constant(bytes64, [4] * VECTOR)) for v in loaded
-        ]
-    return [builder.xor(v, ir.Constant(bytes64, [-128] * VECTOR)) for v in loaded]
+    if not unsigned:
+        return [builder.xor(v, ir.Constant(bytes64, [-128] * VECTOR)) for v in loaded]
+
+    def splat(value):
+        return ir.Constant(bytes64, [value] * VECTOR)
+
+    bits, runs = form_of(unsigned, vectors)
+    half = runs // 2
+    nibbles = [builder.and_(v, splat(15)) for v in loaded[:half]] + [builder.lshr(v, splat(4)) for v in loaded[:half]]
+    if bits == 4:
+        return nibbles
+    quarter = runs // 4
+    crumbs = [
+        builder.and_(builder.lshr(loaded[half + k % quarter], splat(2 * (k // quarter))), splat(3)) for k in range(runs)
+    ]
+    return [builder.or_(n, builder.shl(c, splat(4))) for n, c in zip(nibbles, crumbs, strict=True)]
 
 
-def factor_vectors(builder, factors, kind, g, group: int, eight_bit: bool) -> tuple:
+def factor_vectors(builder, factors, kind, g, group: int, bias: int) -> tuple:
     """LLVM IR: group ``g``'s sixteen scales and sixteen minimums of a block (``factors``: its Numba array
-    struct, of Numba dtype ``kind``; groups of ``group`` inputs), as two ``<16 x float>``."""
+    struct, of Numba dtype ``kind``; groups of ``group`` inputs of a form with ``bias``), as two
+    ``<16 x float>``."""
     floats = host.FLOATS
     if kind == types.int8:
-        return _coded_vectors(builder, factors, g, group, eight_bit)
+        return _coded_vectors(builder, factors, g, group, bias)
     halves = kind == types.uint16
 
     def load(which):
@@ -366,7 +422,7 @@ def factor_vectors(builder, factors, kind, g, group: int, eight_bit: bool) -> tu
     return load(0), load(1)
 
 
-def _coded_vectors(builder, factors, g, group: int, eight_bit: bool) -> tuple:
+def _coded_vectors(builder, factors, g, group: int, bias: int) -> tuple:
     """:func:`factor_vectors` for coded factors: each factor one float32 product of its base and code."""
     floats, i64 = host.FLOATS, g.type
     per = SUPER_SIZE // group
@@ -385,9 +441,9 @@ def _coded_vectors(builder, factors, g, group: int, eight_bit: bool) -> tuple:
         return builder.fmul(base, builder.sitofp(codes, floats))
 
     scale, second = factor(0), factor(1)
-    if not eight_bit:
+    if not bias:
         return scale, second
-    return scale, builder.fsub(second, builder.fmul(scale, ir.Constant(floats, [128.0] * ROWS)))
+    return scale, builder.fsub(second, builder.fmul(scale, ir.Constant(floats, [float(bias)] * ROWS)))
 
 
 def _make_widen(vectors: int):
@@ -405,21 +461,22 @@ def _make_widen(vectors: int):
         column, g = args[3], args[4]
         i16, i32, i64 = ir.IntType(16), ir.IntType(32), ir.IntType(64)
         floats, words = host.FLOATS, ir.VectorType(i32, ROWS)
-        four_bit = signature.args[0].dtype == types.uint8
+        unsigned = signature.args[0].dtype == types.uint8
+        bits, runs = form_of(unsigned, vectors)
         bfloat16 = signature.args[2].dtype == types.uint16
-        group = GROUP_SIZE if four_bit else vectors * LANE
+        group = runs * LANE
         width = cgutils.unpack_tuple(builder, columns.shape)[1]
         start = builder.mul(g, ir.Constant(i64, group))
 
         def lanes(values):
             return ir.Constant(ir.VectorType(i32, len(values)), values)
 
-        scale, minimum = factor_vectors(builder, factors, signature.args[1].dtype, g, group, not four_bit)
+        scale, minimum = factor_vectors(builder, factors, signature.args[1].dtype, g, group, BIASES[bits])
         # quarter q of a vector holds rows 4q .. 4q + 3, four inputs each: each row's factor over its four
         spread = [lanes([4 * q + lane // 4 for lane in range(16)]) for q in range(4)]
         scales = [builder.shuffle_vector(scale, scale, mask) for mask in spread]
         minimums = [builder.shuffle_vector(minimum, minimum, mask) for mask in spread]
-        for k, values in enumerate(group_vectors(builder, weights, g, vectors, four_bit)):
+        for k, values in enumerate(group_vectors(builder, weights, g, vectors, unsigned)):
             first = LANE * k
             wide = builder.zext(values, ir.VectorType(i32, VECTOR))
             quarters = []
@@ -456,15 +513,36 @@ def _make_widen(vectors: int):
     return intrinsic(widen)
 
 
-_widen_4, _widen_8 = _make_widen(4), _make_widen(8)
+def forms_of(weights) -> tuple[int, int, int]:
+    """The stored vectors a group of each form of a Numba array type's dtype (:data:`STORED`), as three
+    (the last repeated): the branches a dispatch on a block's form compiles, none for the other dtype's."""
+    return (STORED[weights.dtype] * 2)[:3]
 
 
-@njit(inline="always", **_OPTIONS)
+STORED = {types.uint8: (4, 6, 3), types.int8: (8, 4)}  # stored vectors a group of each weight dtype's forms
+_WIDEN = {stored: _make_widen(stored) for stored in (3, 4, 6, 8)}
+
+
 def _widen(block, factors, columns, column, g):
-    if block.shape[1] == 8:
-        _widen_8(block, factors, columns, column, g)
-    else:
-        _widen_4(block, factors, columns, column, g)
+    """:func:`_make_widen`'s intrinsic for ``block``'s form (compiled only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_widen, inline="always")
+def _widen_overload(block, factors, columns, column, g):
+    first, second, third = forms_of(block)
+    one, two, three = _WIDEN[first], _WIDEN[second], _WIDEN[third]
+
+    def widen(block, factors, columns, column, g):
+        stored = block.shape[1]
+        if stored == first:
+            one(block, factors, columns, column, g)
+        elif stored == second:
+            two(block, factors, columns, column, g)
+        else:
+            three(block, factors, columns, column, g)
+
+    return widen
 
 
 @njit(parallel=True, **_OPTIONS)

@@ -22,10 +22,20 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from hetero_kernels import host
-from hetero_kernels.cpu_packed import LANE, ROWS, factor_vectors, group_of, group_vectors, quantize_rows
+from hetero_kernels.cpu_packed import (
+    BIASES,
+    LANE,
+    ROWS,
+    factor_vectors,
+    form_of,
+    forms_of,
+    group_of,
+    group_vectors,
+    quantize_rows,
+)
 from hetero_kernels.elements import put
 
 SUPPORTED = host.has("avx512bw", "avx512vnni")
@@ -40,7 +50,7 @@ _FLOATS = host.FLOATS
 
 def _make_block(count: int, vectors: int):
     """An intrinsic that multiplies one block of sixteen output rows, its groups of ``vectors`` stored
-    vectors (4-bit groups: 4, their nibbles eight; 8-bit groups: 8, or 4 for groups of 16), by
+    vectors (4-bit groups: 4, their nibbles eight; 6-bit: 6, or 3 for groups of 16; 8-bit: 8, or 4), by
     ``count`` activation rows from ``first``, into ``sums`` ``[count, 16]`` float32."""
 
     def codegen(context, builder, signature, args):
@@ -51,7 +61,8 @@ def _make_block(count: int, vectors: int):
         groups = cgutils.unpack_tuple(builder, weights.shape)[0]
         size = cgutils.unpack_tuple(builder, high.shape)[1]
         token_groups = cgutils.unpack_tuple(builder, token_factors.shape)[1]
-        four_bit = signature.args[0].dtype == types.uint8
+        unsigned = signature.args[0].dtype == types.uint8
+        bits = form_of(unsigned, vectors)[0]
         dot = host.declare(builder.module, "llvm.x86.avx512.vpdpbusd.512", _LANES, [_LANES] * 3)
 
         def constant(value):
@@ -65,9 +76,9 @@ def _make_block(count: int, vectors: int):
         g = builder.phi(_I64)
         totals = [builder.phi(_FLOATS) for _ in range(count)]
 
-        parts = [builder.bitcast(v, _LANES) for v in group_vectors(builder, weights, g, vectors, four_bit)]
+        parts = [builder.bitcast(v, _LANES) for v in group_vectors(builder, weights, g, vectors, unsigned)]
         group = LANE * len(parts)
-        scale, minimum = factor_vectors(builder, factors, signature.args[1].dtype, g, group, not four_bit)
+        scale, minimum = factor_vectors(builder, factors, signature.args[1].dtype, g, group, BIASES[bits])
         start = builder.mul(g, constant(group))
         grown = []
         for r in range(count):
@@ -120,27 +131,46 @@ def _make_block(count: int, vectors: int):
     return intrinsic(block)
 
 
-# one intrinsic per (activation rows, stored vectors a group): 4-bit groups and fine 8-bit ones have 4
-_one_of_4, _two_of_4, _four_of_4 = _make_block(1, 4), _make_block(2, 4), _make_block(4, 4)
-_one_of_8, _two_of_8, _four_of_8 = _make_block(1, 8), _make_block(2, 8), _make_block(4, 8)
+def _count_dispatch(stored: int):
+    """A jitted function calling the block intrinsic for ``count`` (1, 2 or 4) rows of ``stored`` vectors a group."""
+    one, two, four = (_make_block(count, stored) for count in (1, 2, 4))
 
-
-@njit(inline="always", **_OPTIONS)
-def _rows(count, block, factors, high, low, token_factors, sums, t):
-    """Activation rows ``t .. t + count - 1`` (``count`` 1, 2 or 4) times one block into ``sums``."""
-    if block.shape[1] == 8:
+    @njit(inline="always")
+    def rows(block, count, factors, high, low, token_factors, sums, t):
         if count == 4:
-            _four_of_8(block, factors, high, low, token_factors, sums, t)
+            four(block, factors, high, low, token_factors, sums, t)
         elif count == 2:
-            _two_of_8(block, factors, high, low, token_factors, sums, t)
+            two(block, factors, high, low, token_factors, sums, t)
         else:
-            _one_of_8(block, factors, high, low, token_factors, sums, t)
-    elif count == 4:
-        _four_of_4(block, factors, high, low, token_factors, sums, t)
-    elif count == 2:
-        _two_of_4(block, factors, high, low, token_factors, sums, t)
-    else:
-        _one_of_4(block, factors, high, low, token_factors, sums, t)
+            one(block, factors, high, low, token_factors, sums, t)
+
+    return rows
+
+
+_BY_COUNT = {stored: _count_dispatch(stored) for stored in (3, 4, 6, 8)}
+
+
+def _rows(block, count, factors, high, low, token_factors, sums, t):
+    """Activation rows ``t .. t + count - 1`` (``count`` 1, 2 or 4) times one block into ``sums`` (compiled
+    only, see the overload)."""
+    raise NotImplementedError
+
+
+@overload(_rows, inline="always")
+def _rows_overload(block, count, factors, high, low, token_factors, sums, t):
+    first, second, third = forms_of(block)
+    one, two, three = _BY_COUNT[first], _BY_COUNT[second], _BY_COUNT[third]
+
+    def rows(block, count, factors, high, low, token_factors, sums, t):
+        stored = block.shape[1]
+        if stored == first:
+            one(block, count, factors, high, low, token_factors, sums, t)
+        elif stored == second:
+            two(block, count, factors, high, low, token_factors, sums, t)
+        else:
+            three(block, count, factors, high, low, token_factors, sums, t)
+
+    return rows
 
 
 @njit(parallel=True, **_OPTIONS)
@@ -160,7 +190,7 @@ def matmul(x, weights, factors, out):
         while t < tokens:
             left = tokens - t
             count = ROWS_AT_ONCE if left >= ROWS_AT_ONCE else (2 if left >= 2 else 1)
-            _rows(count, block, block_factors, high, low, token_factors, block_sums, t)
+            _rows(block, count, block_factors, high, low, token_factors, block_sums, t)
             for r in range(count):
                 for c in range(width):
                     put(out[t + r], b * ROWS + c, block_sums[r, c])

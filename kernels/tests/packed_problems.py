@@ -31,6 +31,7 @@ class Weights:
 
     bits: int
     group: int
+    bias: int  # what the kernels add to q: 128 for 8-bit weights stored whole, 32 for those stored in 6 bits
     q: np.ndarray  # [out, in]: uint8 0..15 or int8
     scale: np.ndarray  # [out, in // group] float32
     minimum: np.ndarray  # [out, in // group] float32: what the packed form adds (cpu_packed's docstring)
@@ -43,8 +44,8 @@ class Weights:
         return np.repeat(values, self.group, axis=1)
 
     def multiplied(self) -> np.ndarray:
-        """``q`` as the kernels multiply it (8-bit ones as ``q + 128``), float64 [out, in]."""
-        return self.q.astype(np.float64) + (128 if self.bits == 8 else 0)
+        """``q`` as the kernels multiply it (8-bit ones as ``q + 128``, or ``q + 32`` in 6 bits), float64 [out, in]."""
+        return self.q.astype(np.float64) + self.bias
 
 
 def coded(rng: np.random.Generator, rows: int, size: int, group: int, largest: float, codes: tuple[int, int]):
@@ -54,21 +55,35 @@ def coded(rng: np.random.Generator, rows: int, size: int, group: int, largest: f
     return cpu_packed.Coded(base, rng.integers(codes[0], codes[1] + 1, (rows, size // group)).astype(np.int8))
 
 
+def bytes_of(rng: np.random.Generator, rows: int, size: int, group: int, narrow: bool) -> np.ndarray:
+    """8-bit ``q`` in -128..127, or -32..31 where ``narrow`` (stored in 6 bits), both ends included."""
+    low, high = (-cpu_packed.NARROW, cpu_packed.NARROW - 1) if narrow else (-128, 127)
+    q = rng.integers(low, high + 1, (rows, size)).astype(np.int8)
+    q[0, :group], q[-1, -group:] = low, high
+    return q
+
+
 def weights_of(
-    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool, factors: str
+    rng: np.random.Generator,
+    rows: int,
+    size: int,
+    bits: int,
+    group: int,
+    with_offset: bool,
+    factors: str,
+    narrow: bool = False,
 ) -> Weights:
     """Random weights of one form: 4-bit ``scale * q + minimum`` (Q4_1's, Q4_K's), or 8-bit ``scale * q``
-    (Q8_0's, -128 and 127 included) plus an offset per group where ``with_offset`` (Q5_1's, Q5_K's); factors
-    as ``factors`` names (:data:`FACTORS`)."""
+    (Q8_0's; Q5_0's and Q6_K's where ``narrow``) plus an offset per group where ``with_offset`` (Q5_1's,
+    Q5_K's); factors as ``factors`` names (:data:`FACTORS`)."""
     if factors == "coded":
-        return coded_weights_of(rng, rows, size, bits, group, with_offset)
+        return coded_weights_of(rng, rows, size, bits, group, with_offset, narrow)
     scale = (rng.random((rows, size // group)) * 0.02).astype(np.float32)
     if bits == 4:
         q = rng.integers(0, 16, (rows, size)).astype(np.uint8)
         offset = (-8 * scale + rng.standard_normal(scale.shape) * 0.002).astype(np.float32)
     else:
-        q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
-        q[0, :group], q[-1, -group:] = -128, 127
+        q = bytes_of(rng, rows, size, group, narrow)
         offset = (rng.standard_normal(scale.shape) * 0.01).astype(np.float32) if with_offset else None
     if factors == "float16":
         scale = scale.astype(np.float16).astype(np.float32)
@@ -77,15 +92,15 @@ def weights_of(
 
 
 def coded_weights_of(
-    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool
+    rng: np.random.Generator, rows: int, size: int, bits: int, group: int, with_offset: bool, narrow: bool
 ) -> Weights:
     """Q4_K-like (6-bit scale and minimum codes, negative minimum bases), Q5_K-like (8-bit with an offset)
-    or Q6_K-like (8-bit, signed scale codes) weights."""
+    or Q6_K-like (8-bit, signed scale codes) weights, ``q`` narrow or not."""
     if bits == 4:
         q = rng.integers(0, 16, (rows, size)).astype(np.uint8)
         scale, minimum = coded(rng, rows, size, group, 0.02, (0, 63)), coded(rng, rows, size, group, 0.16, (0, 63))
         return packed_weights(bits, group, q, scale, cpu_packed.Coded(-minimum.base, minimum.codes))
-    q = rng.integers(-128, 128, (rows, size)).astype(np.int8)
+    q = bytes_of(rng, rows, size, group, narrow)
     if with_offset:
         return packed_weights(
             bits, group, q, coded(rng, rows, size, group, 0.02, (0, 63)), coded(rng, rows, size, group, 1.0, (-32, 31))
@@ -101,9 +116,10 @@ def packed_weights(bits: int, group: int, q: np.ndarray, scale, offset) -> Weigh
         packed, factors = cpu_packed.pack8(q, scale, offset)
     scale, offset = (f.values() if isinstance(f, cpu_packed.Coded) else f for f in (scale, offset))
     added = np.zeros_like(scale) if offset is None else offset
-    minimum = added if bits == 4 else np.float32(-128.0) * scale + added
+    bias = cpu_packed.BIASES[cpu_packed.form_of(packed.dtype == np.uint8, packed.shape[2])[0]]
+    minimum = np.float32(-bias) * scale + added if bias else added
     exact = np.repeat(scale.astype(np.float64), group, axis=1) * q + np.repeat(added, group, axis=1)
-    return Weights(bits, group, q, scale, minimum, exact, packed, factors)
+    return Weights(bits, group, bias, q, scale, minimum, exact, packed, factors)
 
 
 def activations(rng: np.random.Generator, tokens: int, size: int, magnitude: float) -> np.ndarray:
@@ -123,12 +139,15 @@ class Spec:
     group: int
     with_offset: bool
     factors: str
+    narrow: bool  # 8-bit q in -32..31, stored in 6 bits
     magnitude: float
     seed: int
 
     def build(self) -> tuple[np.ndarray, Weights]:
         rng = np.random.default_rng(self.seed)
-        weights = weights_of(rng, self.rows, self.size, self.bits, self.group, self.with_offset, self.factors)
+        weights = weights_of(
+            rng, self.rows, self.size, self.bits, self.group, self.with_offset, self.factors, self.narrow
+        )
         return activations(rng, self.tokens, self.size, self.magnitude), weights
 
 
@@ -144,6 +163,7 @@ def specs(draw: st.DrawFn, max_tokens: int) -> Spec:
         group=group,
         with_offset=bits == 8 and draw(st.booleans()),
         factors=factors,
+        narrow=bits == 8 and draw(st.booleans()),
         magnitude=draw(st.sampled_from([1e-3, 1.0, 300.0])),
         seed=draw(st.integers(0, 2**16)),
     )
@@ -165,4 +185,6 @@ def with_two_signatures(spec: Spec) -> Spec:
     bfloat16 tests take these two of the six compiled weight and factor dtypes, since bfloat16 changes only
     how activations are read and outputs written, and each signature costs seconds to compile."""
     size = spec.size if spec.factors != "coded" else GROUP * (spec.size // SUPER)
-    return attrs.evolve(spec, factors="float16" if spec.bits == 4 else "float32", with_offset=spec.bits == 8, size=size)
+    return attrs.evolve(
+        spec, factors="float16" if spec.bits == 4 else "float32", with_offset=spec.bits == 8, size=size, narrow=False
+    )

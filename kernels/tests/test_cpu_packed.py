@@ -43,6 +43,7 @@ def factor_dtype(spec, weights: Weights) -> type:
 def test_matmul_within_half_a_16_bit_step_per_input_and_float32_rounding(spec) -> None:
     x, weights = spec.build()
     assert weights.factors.dtype == factor_dtype(spec, weights)
+    assert weights.packed.dtype == (np.uint8 if spec.bits == 4 or spec.narrow else np.int8)  # 6 bits where they fit
     out = np.empty((spec.tokens, spec.rows), np.float32)
     cpu_packed.matmul(x, weights.packed, weights.factors, out)
     assert np.all(np.abs(out - x.astype(np.float64) @ weights.exact.T) <= bound(x, weights))

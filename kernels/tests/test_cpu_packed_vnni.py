@@ -17,7 +17,18 @@ pytestmark = pytest.mark.skipif(
     reason="this CPU has no AVX-512 VNNI, Numba does not compile for it,"
     " or HETERO_KERNELS_PORTABLE forces the portable paths",
 )
-CHUNKS = Spec(tokens=7, rows=40, size=96, bits=8, group=16, with_offset=True, factors="float32", magnitude=1.0, seed=0)
+CHUNKS = Spec(
+    tokens=7,
+    rows=40,
+    size=96,
+    bits=8,
+    group=16,
+    with_offset=True,
+    factors="float32",
+    narrow=False,
+    magnitude=1.0,
+    seed=0,
+)
 """Seven activation rows: one chunk each of four, two and one, over a padded last block."""
 
 
@@ -40,6 +51,7 @@ def run(matmul, x: np.ndarray, weights: Weights, dtype) -> np.ndarray:
 @given(spec=specs(max_tokens=20))
 @example(spec=CHUNKS)
 @example(spec=attrs.evolve(CHUNKS, bits=4, group=32, with_offset=False))
+@example(spec=attrs.evolve(CHUNKS, narrow=True))
 def test_float32_results_equal_the_portable_ones_up_to_float32_reassociation(spec: Spec) -> None:
     x, weights = spec.build()
     portable = run(cpu_packed.matmul, x, weights, np.float32)

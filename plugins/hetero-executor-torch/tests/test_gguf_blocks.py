@@ -139,3 +139,29 @@ def test_k_quant_parts_join_with_their_codes_and_others_without() -> None:
     torch.testing.assert_close(joined.codes[0].values(), joined.scale, rtol=0, atol=0)
     torch.testing.assert_close(joined.codes[1].values(), joined.offset, rtol=0, atol=0)
     assert concat([q4_k, q5_0]).codes is None
+
+
+PACKED_BYTES = {  # bytes a weight each type keeps packed: the kernels' README's table
+    T.Q4_0: 0.625,
+    T.Q4_1: 0.625,
+    T.Q4_K: 0.578,
+    T.Q5_0: 0.875,
+    T.Q5_1: 1.0,
+    T.Q5_K: 0.828,
+    T.Q6_K: 0.891,
+    T.Q2_K: 0.891,
+    T.Q8_0: 1.125,
+    T.IQ4_NL: 1.125,
+    T.Q3_K: 1.078,
+}
+
+
+@pytest.mark.skipif(not fine_groups_run_packed(), reason="hetero_kernels is not installed: nothing is packed")
+@pytest.mark.parametrize("kind", sorted(PACKED_BYTES), ids=lambda k: k.name)
+def test_each_type_keeps_the_bytes_a_weight_the_kernels_readme_gives(kind: T) -> None:
+    """5-bit and 6-bit types in 6 bits, K-quants' factors as codes."""
+    linear = make_linear(
+        group_form(random_blocks(kind, 32, 512, int(kind) + 400), kind), None, "auto", torch.float32, CPU
+    )
+    held = linear.rows.packed.nbytes + linear.rows.factors.nbytes
+    assert round(held / (32 * 512), 3) == PACKED_BYTES[kind]
