@@ -422,6 +422,39 @@ def factor_vectors(builder, factors, kind, g, group: int, bias: int) -> tuple:
     return load(0), load(1)
 
 
+def prefetch_group(builder, weights, factors, kind, g, vectors: int, group: int) -> None:
+    """LLVM IR: ask the caches for group ``g``'s weights and factors of a block (as :func:`group_vectors`
+    and :func:`factor_vectors` take them) ahead of their loads; past the block's end, the next block's."""
+    i8, i64 = ir.IntType(8), g.type
+    fetch = host.declare(builder.module, "llvm.prefetch.p0", ir.VoidType(), [i8.as_pointer()] + [ir.IntType(32)] * 3)
+
+    def ask(array, index):  # a read, kept in every cache level, of data
+        line = host.address(builder, array, index, i8)
+        builder.call(fetch, [line] + [ir.Constant(ir.IntType(32), value) for value in (0, 3, 1)])
+
+    first = builder.mul(g, ir.Constant(i64, vectors * VECTOR))
+    for k in range(vectors):
+        ask(weights, builder.add(first, ir.Constant(i64, VECTOR * k)))
+    if kind == types.int8:  # the super-block's bases, then the group's codes
+        per = SUPER_SIZE // group
+        line = builder.mul(builder.udiv(g, ir.Constant(i64, per)), ir.Constant(i64, 4 * ROWS + per * 2 * ROWS))
+        ask(factors, line)
+        ask(
+            factors,
+            builder.add(
+                line,
+                builder.mul(
+                    builder.add(builder.urem(g, ir.Constant(i64, per)), ir.Constant(i64, 2)), ir.Constant(i64, 2 * ROWS)
+                ),
+            ),
+        )
+    else:  # 2 x 16 float16 bits or floats: one line or two
+        start = builder.mul(g, ir.Constant(i64, 2 * ROWS))
+        ask(factors, start)
+        if kind == types.float32:
+            ask(factors, builder.add(start, ir.Constant(i64, ROWS)))
+
+
 def _coded_vectors(builder, factors, g, group: int, bias: int) -> tuple:
     """:func:`factor_vectors` for coded factors: each factor one float32 product of its base and code."""
     floats, i64 = host.FLOATS, g.type
