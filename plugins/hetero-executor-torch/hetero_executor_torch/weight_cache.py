@@ -6,10 +6,14 @@ result depends only on the file's bytes and on how it was built, so it is
 kept on disk and read back on later starts.
 
 - **Key.** A hash (xxh3-128) of the file's bytes, of the build's settings
-  (:func:`build_settings`: weight format, dtype, dense copy, small-batch
-  kernels, the CPU kernels that run here, library versions) and of the source
-  of the packages that read and lay out weights (the core, this executor, the
-  kernels). A change to any of them is a new entry.
+  (:func:`build_settings`: weight format, dtype, dense copy, the CPU kernels
+  that run here, library versions) and of the source of the packages that
+  read and lay out weights (the core, this executor, the kernels). A change
+  to any of them is a new entry. Reading a file to hash it takes seconds for
+  a large one, so its hash is remembered beside the entries under the file's
+  identity (path, device, inode, size, modification and change times): a
+  file changed in any way, even rewritten in place with its old
+  modification time, has another change time and is read again.
 - **Entry.** One file: a fixed header, a JSON table, the object structure, then
   each array 64-byte aligned::
 
@@ -62,6 +66,8 @@ ALIGN = 64
 SUFFIX = ".weights"
 CACHE_ENV = "HETERO_WEIGHT_CACHE"  # "off", or the directory to use instead of the user cache directory
 STALE_TEMPORARY_SECONDS = 3600.0  # a temporary file this old was left by a start that died
+DIGEST_SUFFIX = ".digest"  # a file's remembered hash
+STALE_DIGEST_SECONDS = 30 * 86400.0  # a remembered hash not read for this long is deleted
 _CHUNK = 1 << 24
 _SOURCE_PACKAGES = ("hetero_core", "hetero_executor_torch", "hetero_kernels")
 _CLASS_MODULES = ("hetero_executor_torch.model", "hetero_executor_torch.quantized")  # the classes an entry may make
@@ -125,13 +131,32 @@ class WeightCache:
 
     def key(self, model: Path, settings: Mapping[str, Any]) -> str:
         digest = xxhash.xxh3_128()
-        digest.update(file_digest(model).encode())
+        digest.update(self.content_digest(model).encode())
         digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
         digest.update(_source_digest().encode())
         return digest.hexdigest()
 
     def path(self, key: str) -> Path:
         return self.directory / f"{key}{SUFFIX}"
+
+    def content_digest(self, model: Path) -> str:
+        """:func:`file_digest` of ``model``, remembered under the file's identity (see the module docstring)."""
+        stat = model.stat()
+        fields = (model.resolve(), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        memo = self.directory / f"{xxhash.xxh3_128('|'.join(map(str, fields)).encode()).hexdigest()}{DIGEST_SUFFIX}"
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            remembered = memo.read_text()
+            if len(remembered) == 32 and all(c in "0123456789abcdef" for c in remembered):
+                with contextlib.suppress(OSError):
+                    os.utime(memo)
+                return remembered
+        digest = file_digest(model)
+        with contextlib.suppress(OSError):  # a read-only cache reads the file again next time
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.directory, suffix=".tmp", delete=False) as file:
+                file.write(digest)
+            os.replace(file.name, memo)
+        return digest
 
     def load(self, key: str) -> Any | None:
         """The objects stored under ``key``, or None where there is no entry; a corrupt entry is deleted."""
@@ -176,7 +201,7 @@ class WeightCache:
 
     def evict(self, keep: str | None = None) -> None:
         """Delete the least recently read entries (never ``keep``) until the rest fit ``max_bytes``,
-        and stale temporaries."""
+        stale temporaries and remembered hashes."""
         entries, now = [], time.time()
         for path in self.directory.iterdir():
             try:
@@ -186,6 +211,8 @@ class WeightCache:
             if path.suffix == SUFFIX:
                 entries.append((stat.st_mtime, stat.st_size, path))
             elif path.suffix == ".tmp" and now - stat.st_mtime > STALE_TEMPORARY_SECONDS:
+                path.unlink(missing_ok=True)
+            elif path.suffix == DIGEST_SUFFIX and now - stat.st_mtime > STALE_DIGEST_SECONDS:
                 path.unlink(missing_ok=True)
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):

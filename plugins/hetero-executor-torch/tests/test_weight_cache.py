@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import threading
+import time
 from pathlib import Path
 
 import gguf
@@ -69,6 +71,32 @@ def test_the_file_and_every_setting_key_an_entry_of_their_own(tiny_q4, tmp_path)
     data[-1] ^= 1
     changed.write_bytes(bytes(data))
     assert cache.key(changed, settings) != key
+
+
+def test_a_files_hash_is_remembered_until_the_file_changes(tiny_q4, tmp_path, monkeypatch) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_bytes(tiny_q4.read_bytes())
+    cache = WeightCache(tmp_path / "cache", 2**30)
+    settings = {"weights": "auto"}
+    key = cache.key(model, settings)
+    reads = []
+    monkeypatch.setattr(weight_cache, "file_digest", lambda path: reads.append(path) or "0" * 32)
+    assert cache.key(model, settings) == key and reads == []  # remembered: the file is not read again
+    stat = model.stat()
+    time.sleep(0.05)  # file times can be as coarse as a scheduler tick
+    data = bytearray(model.read_bytes())
+    data[-1] ^= 1
+    model.write_bytes(bytes(data))
+    os.utime(model, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the same size and modification time
+    assert cache.key(model, settings) != key and reads == [model]  # the change time differs: read again
+
+
+def test_a_corrupt_remembered_hash_is_computed_again(tiny_q4, tmp_path) -> None:
+    cache = WeightCache(tmp_path, 2**30)
+    key = cache.key(tiny_q4, {})
+    [memo] = tmp_path.glob(f"*{weight_cache.DIGEST_SUFFIX}")
+    memo.write_text("not a hash")
+    assert cache.key(tiny_q4, {}) == key
 
 
 def sample_objects() -> dict:
