@@ -34,10 +34,10 @@ weights loaded for a group serve every activation row of the step::
                                              scale codes and sixteen second codes (signed bytes)
 
 A coded group's ``scale = base * code`` and its second factor likewise, each
-one float32 product, as GGUF's dequantization computes them. The second factor
-is the minimum for 4-bit weights and the offset for 8-bit and 6-bit ones,
-the minimum then computed from it as below. A 4-bit group's factors take 40 bytes of 296
-in this form (128 of 384 in float32).
+one float32 product, as GGUF's dequantization computes them. The second
+factor is the minimum for 4-bit weights and the offset for 8-bit and 6-bit
+ones, the minimum then computed from it as below. A 4-bit group's factors
+take 40 bytes of 296 in this form (128 of 384 in float32).
 
 The minimums are what the arithmetic adds per unit of ``sum(x)``: ``w = scale
 * q + minimum`` for 4-bit weights and, since the kernels read an 8-bit ``q``
@@ -45,8 +45,8 @@ as ``q + 128`` (unsigned, as ``vpdpbusd`` takes its first operand), ``w =
 scale * (q + 128) + minimum`` with ``minimum = offset - 128 * scale`` for
 8-bit ones; 6-bit ones likewise with ``q + 32`` and ``offset - 32 * scale``.
 :func:`pack8` stores 8-bit weights in 6 bits wherever they fit (GGUF's
-5-bit and 6-bit types, and 4-bit ones joined to them). A last block with fewer than sixteen rows is padded with zero
-weights, never written out.
+5-bit and 6-bit types, and 4-bit ones joined to them). A last block with
+fewer than sixteen rows is padded with zero weights, never written out.
 
 Activations are quantized per group of 32 to 16-bit integers ``x = step *
 v``, ``|v| <= 32639`` (:func:`quantize_rows`), over a hundred times finer
@@ -436,18 +436,8 @@ def prefetch_group(builder, weights, factors, kind, g, vectors: int, group: int)
     for k in range(vectors):
         ask(weights, builder.add(first, ir.Constant(i64, VECTOR * k)))
     if kind == types.int8:  # the super-block's bases, then the group's codes
-        per = SUPER_SIZE // group
-        line = builder.mul(builder.udiv(g, ir.Constant(i64, per)), ir.Constant(i64, 4 * ROWS + per * 2 * ROWS))
-        ask(factors, line)
-        ask(
-            factors,
-            builder.add(
-                line,
-                builder.mul(
-                    builder.add(builder.urem(g, ir.Constant(i64, per)), ir.Constant(i64, 2)), ir.Constant(i64, 2 * ROWS)
-                ),
-            ),
-        )
+        for place in _coded_place(builder, g, group):
+            ask(factors, place)
     else:  # 2 x 16 float16 bits or floats: one line or two
         start = builder.mul(g, ir.Constant(i64, 2 * ROWS))
         ask(factors, start)
@@ -455,15 +445,20 @@ def prefetch_group(builder, weights, factors, kind, g, vectors: int, group: int)
             ask(factors, builder.add(start, ir.Constant(i64, ROWS)))
 
 
+def _coded_place(builder, g, group: int) -> tuple:
+    """LLVM IR: the byte offsets, in a block's coded factors, of group ``g``'s super-block bases and of
+    its codes."""
+    i64 = g.type
+    per = SUPER_SIZE // group
+    line = builder.mul(builder.udiv(g, ir.Constant(i64, per)), ir.Constant(i64, 4 * ROWS + per * 2 * ROWS))
+    within = builder.mul(builder.urem(g, ir.Constant(i64, per)), ir.Constant(i64, 2 * ROWS))
+    return line, builder.add(builder.add(line, ir.Constant(i64, 4 * ROWS)), within)
+
+
 def _coded_vectors(builder, factors, g, group: int, bias: int) -> tuple:
     """:func:`factor_vectors` for coded factors: each factor one float32 product of its base and code."""
     floats, i64 = host.FLOATS, g.type
-    per = SUPER_SIZE // group
-    line = builder.mul(builder.udiv(g, ir.Constant(i64, per)), ir.Constant(i64, 4 * ROWS + per * 2 * ROWS))
-    at = builder.add(
-        builder.add(line, ir.Constant(i64, 4 * ROWS)),
-        builder.mul(builder.urem(g, ir.Constant(i64, per)), ir.Constant(i64, 2 * ROWS)),
-    )
+    line, at = _coded_place(builder, g, group)
 
     def factor(which):
         place = builder.add(line, ir.Constant(i64, 2 * ROWS * which))

@@ -6,9 +6,13 @@ activation bytes broadcast to every lane adds four products to each row's
 32-bit sum. A group (32 inputs, or 16 for the fine 8-bit groups) takes
 eight such products per activation byte (the 16-bit activation's high and
 low bytes), then one conversion and two multiply-adds apply its sixteen
-scales and minimums. A group's weights are loaded (and a 4-bit group's
-nibbles split) once for up to :data:`ROWS_AT_ONCE` activation rows, so a
-step of several rows reads and unpacks its weights once.
+scales and minimums. A group's weights are loaded (a 4-bit or 6-bit
+group's bits joined back into bytes) once for up to :data:`ROWS_AT_ONCE`
+activation rows, so a step of several rows reads and unpacks its weights
+once. Each block asks the caches for its weights and factors
+:data:`PREFETCH_BYTES` ahead of its loads: with the hardware's prefetching
+alone, a one-row step over weights that do not fit the caches read them at
+about 60% of the bandwidth it reaches so.
 
 The arithmetic is :func:`hetero_kernels.cpu_packed.matmul`'s: the integer
 sums are exact, and only the order of the float32 additions differs.
@@ -42,8 +46,7 @@ from hetero_kernels.elements import put
 
 SUPPORTED = host.has("avx512bw", "avx512vnni")
 ROWS_AT_ONCE = 4  # activation rows sharing a group's loaded weights (the registers hold their sums)
-PREFETCH_BYTES = 4096  # how far ahead of its loads a block asks for weights (the hardware's prefetching alone
-# left a one-row step at about 60% of the memory bandwidth)
+PREFETCH_BYTES = 4096  # how far ahead of its loads a block asks for its weights
 CHAINS = 4  # independent chains of vpdpbusd per step of rows: sums of fewer rows are split to keep this many
 _OPTIONS = dict(fastmath=True, cache=True)
 
