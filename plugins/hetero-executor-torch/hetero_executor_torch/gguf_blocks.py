@@ -118,7 +118,7 @@ def group_form(data: np.ndarray, kind: T) -> GroupQuantized | ByteQuantized | No
     def quantized(cls: type, q: np.ndarray, scale: Factor, second: Factor) -> GroupQuantized | ByteQuantized:
         codes = None
         if isinstance(scale, SuperBlocks) and isinstance(second, SuperBlocks):
-            codes = tuple(Codes(tensor(f.base), tensor(f.codes.astype(np.int8))) for f in (scale, second))
+            codes = tuple(Codes(tensor(f.base), tensor(f.codes)) for f in (scale, second))
         return cls(tensor(q), tensor(factor_values(scale)), tensor(factor_values(second)), codes)
 
     four = _four_bit(data, kind)

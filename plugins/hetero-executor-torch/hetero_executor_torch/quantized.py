@@ -22,7 +22,8 @@ are and widened inside torch's CPU kernels:
 
 Where ``hetero_kernels`` is installed, both forms are also packed in
 ``hetero_kernels.cpu_packed``'s layout (:class:`PackedWeights`, sixteen output
-rows a vector, exact). On a CPU with AVX-512 VNNI that layout alone serves
+rows a vector, exact: 8-bit weights that fit in 6 bits stored in 6, the
+K-quants' factors as their super-blocks' :class:`Codes`). On a CPU with AVX-512 VNNI that layout alone serves
 steps of up to :data:`PACKED_MAX_ROWS` rows (``cpu_packed_vnni``: integer dot
 products against the activations quantized to 16 bits per group, the weights
 read once for every row); elsewhere torch's int4 kernel serves them where it
