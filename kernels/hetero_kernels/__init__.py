@@ -28,7 +28,7 @@ from types import ModuleType
 from hetero_kernels import cpu, cpu_fused, reference
 
 __all__ = ["cpu", "cpu_fused", "cpu_variants", "cuda", "reference"]
-FEATURE_KERNELS = ("cpu_packed_vnni", "cpu_scores")  # the modules with a SUPPORTED flag
+FEATURE_KERNELS = ("cpu_packed_vnni", "cpu_packed_amx", "cpu_scores")  # the modules with a SUPPORTED flag
 
 
 def cpu_variants() -> dict[str, bool]:

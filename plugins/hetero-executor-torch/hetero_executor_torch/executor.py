@@ -22,7 +22,7 @@ from hetero_executor_torch.graphs import Capture, CheckedReplay, CudaGraphCaptur
 from hetero_executor_torch.loading import load_weights
 from hetero_executor_torch.model import LlamaModel, build_weights
 from hetero_executor_torch.prompt_scoring import score_prompts
-from hetero_executor_torch.quantized import WEIGHT_FORMATS, cpu_flags
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, WEIGHT_FORMATS, cpu_flags
 from hetero_executor_torch.sampling import Sampler, sample_and_verify
 from hetero_executor_torch.weight_cache import load_or_build, open_cache
 
@@ -241,8 +241,9 @@ class TorchExecutor:
     def max_verify_tokens(self) -> int:
         """Tokens a decoding step with proposals carries at most: every packed layer multiplies them without
         widening its weights (a widening costs several decode steps), as it does a plain decoding step of as
-        many sequences."""
-        return self.model.packed_rows()
+        many sequences; and at most :data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS`, so that a step
+        of that many sequences carries no proposals."""
+        return min(PACKED_MAX_ROWS, self.model.unwidened_rows())
 
     def kv_cache_block_bytes(self, block_size: int) -> int:
         config = self.model_config

@@ -192,10 +192,18 @@ class LlamaModel:
         return self.logits_at(self.hidden_states(input_ids, positions, attention, kv_caches), logits_indices)
 
     def packed_rows(self) -> int:
-        """The most rows every packed layer multiplies without widening its weights
+        """The most rows every packed layer multiplies on its packed kernel
         (:data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS` where none is packed)."""
+        return min((linear.max_rows for linear in self._packed()), default=PACKED_MAX_ROWS)
+
+    def unwidened_rows(self) -> int:
+        """The most rows every packed layer multiplies without widening its weights (on its packed kernel, or
+        on the AMX kernel), :data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS` where none is packed."""
+        return min((linear.unwidened_rows() for linear in self._packed()), default=PACKED_MAX_ROWS)
+
+    def _packed(self) -> list[PackedLinear]:
         linears = (linear for layer in self.layers for linear in layer.linears)
-        return min((linear.max_rows for linear in linears if isinstance(linear, PackedLinear)), default=PACKED_MAX_ROWS)
+        return [linear for linear in linears if isinstance(linear, PackedLinear)]
 
     def logits_at(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the residual stream's rows at ``indices`` (through the last norm and the head)."""

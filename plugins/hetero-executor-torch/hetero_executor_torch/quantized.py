@@ -28,9 +28,12 @@ steps of up to :data:`PACKED_MAX_ROWS` rows (``cpu_packed_vnni``: integer dot
 products against the activations quantized to 16 bits per group, the weights
 read once for every row); elsewhere torch's int4 kernel serves them where it
 takes the weights, and the layout's portable twin where it does not. Steps
-of more rows widen the layout a tile at a time for a dense matmul
-(:class:`PackedLinear`); the executor's ``dense_copy`` holds a dense copy
-for them instead, in oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
+of more rows run, for bfloat16 activations on a CPU with AMX, on
+``cpu_packed_amx`` (each block of the layout widened in the cache to
+bfloat16 tiles, multiplied by sixteen rows a tile product); elsewhere they
+widen the layout a tile at a time for a dense matmul (:class:`PackedLinear`).
+The executor's ``dense_copy`` holds a dense copy for them instead, in
+oneDNN's blocked layout for bf16 (:func:`onednn_blocked`).
 
 Dense weights (a Hugging Face checkpoint in bf16) are quantized at load time:
 int4 by each group's min and max, int8 by each row's largest magnitude.
@@ -384,17 +387,19 @@ TILE_WEIGHTS = 1 << 22
 
 
 class PackedLinear:
-    """Packed weights for steps of at most ``max_rows`` tokens; above, the same weights widened a tile of
-    outputs at a time (``rows``) into a buffer of the model's dtype, multiplied densely -- or, where
-    asked (``dense``, the executor's ``dense_copy``) or no widening is at hand, a dense copy.
+    """Packed weights for steps of at most ``max_rows`` tokens; above, the layout (``rows``) on the AMX
+    kernel (``tiles``, where given, up to :data:`TILED_MAX_ROWS` bfloat16 rows), else widened a tile of
+    outputs at a time into a buffer of the model's dtype, multiplied densely -- or, where asked
+    (``dense``, the executor's ``dense_copy``) or no widening is at hand, a dense copy.
 
     The VNNI kernel reads each weight once for all of a step's rows, and its
     cost grows with the rows about as a widening plus oneDNN's dense bf16
-    matmul does from about 50 rows (``benchmarks/linear.py``); torch's int4 kernel
-    costs linearly in the rows from fewer. The widened weights are the packed
-    weights' own values, so a model computes the same function at every batch
-    size (up to rounding: the VNNI kernel's 16-bit activation steps, torch's
-    kernel's bfloat16 scales, the widened weights' bfloat16).
+    matmul does from about 50 rows, and as the AMX kernel does from about 8
+    (``benchmarks/linear.py``); torch's int4 kernel costs linearly in the rows
+    from fewer. The widened weights are the packed weights' own values, so a
+    model computes the same function at every batch size (up to rounding: the
+    VNNI kernel's 16-bit activation steps, torch's kernel's bfloat16 scales,
+    the widened weights' bfloat16).
     """
 
     def __init__(
@@ -407,6 +412,7 @@ class PackedLinear:
         table: bool = False,
         rows: Rows | None = None,
         dense: torch.Tensor | None = None,
+        tiles: Any = None,
     ) -> None:
         if rows is None and dense is None:
             raise ValueError("packed weights need a widening (rows) or a dense copy for steps of many rows")
@@ -414,16 +420,27 @@ class PackedLinear:
         self.out_features, self.in_features = shape
         self.max_rows = max_rows or PACKED_MAX_ROWS
         self.rows = rows
+        self.tiles = tiles if isinstance(rows, PackedWeights) else None
         self.dense_linear = None if dense is None else DenseLinear(dense, bias, table)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] > self.max_rows:
-            return self.dense_linear(x) if self.dense_linear is not None else self._widened(x)
-        out = self.packed.matmul(x)
+        if x.shape[0] <= self.max_rows:
+            out = self.packed.matmul(x)
+        elif self.dense_linear is not None:
+            return self.dense_linear(x)
+        elif self.tiles is not None and x.dtype == torch.bfloat16 and x.shape[0] <= TILED_MAX_ROWS:
+            out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+            self.tiles(kernel_array(x.contiguous()), self.rows.packed, self.rows.factors, kernel_array(out))
+        else:
+            out = self._widened(x)
         return out if self.bias is None else out + self.bias
 
+    def unwidened_rows(self) -> int:
+        """The most rows a step multiplies without widening the weights (or reading the dense copy)."""
+        return TILED_MAX_ROWS if self.tiles is not None and self.dense_linear is None else self.max_rows
+
     def _widened(self, x: torch.Tensor) -> torch.Tensor:
-        """``x @ W.T (+ bias)`` with ``W`` widened a tile of outputs at a time, transposed (``W.T``'s columns
+        """``x @ W.T`` with ``W`` widened a tile of outputs at a time, transposed (``W.T``'s columns
         are what the widening writes whole)."""
         width = -(-self.out_features // 16) * 16
         tile = min(width, max(16, TILE_WEIGHTS // self.in_features // 16 * 16))
@@ -437,7 +454,7 @@ class PackedLinear:
                 stop = min(start + tile, self.out_features)
                 self.rows.columns(start, columns)
                 out[:, start:stop] = x @ columns[:, : stop - start]
-        return out if self.bias is None else out + self.bias
+        return out
 
     def dense(self) -> torch.Tensor:
         """The weights as a plain tensor in the model's dtype."""
@@ -465,6 +482,8 @@ class PackedLinear:
 
 
 PACKED_MAX_ROWS = 32  # the VNNI kernel's; from about 50 a widening and a dense matmul cost less
+TILED_FROM_ROWS = 9  # where the AMX kernel serves many rows: from here it costs less than the VNNI kernel
+TILED_MAX_ROWS = 256  # and up to here: its rows are read again for every block, so they must stay in cache
 TORCH_INT4_MAX_ROWS = 8  # torch's int4 kernel costs linearly in the rows: from here the dense matmul wins
 PORTABLE_MAX_ROWS = 1  # the portable twin is plain Numba: from two rows the widening wins
 SPLIT_MAX_ROWS = 1  # torch's int4 kernel on both halves: from two rows the blocked bf16 head is faster
@@ -487,14 +506,26 @@ def fine_groups_run_packed() -> bool:
     return packed_matmul(torch.float32, torch.device("cpu")) is not None
 
 
+def tile_matmul(dtype: torch.dtype) -> Any:
+    """``hetero_kernels.cpu_packed_amx``'s matmul where it runs (AMX) for activations of ``dtype`` (bfloat16),
+    else None."""
+    if dtype != torch.bfloat16:
+        return None
+    try:
+        from hetero_kernels import cpu_packed_amx
+    except ImportError:
+        return None
+    return cpu_packed_amx.matmul if cpu_packed_amx.SUPPORTED else None
+
+
 def _kernel_for_few_rows(
     weight: GroupQuantized | ByteQuantized, layout: PackedWeights, vnni: bool, dtype: torch.dtype
 ) -> tuple[PackedWeights | Int4Weights | SplitInt4Weights, int]:
-    """What multiplies steps of a few rows, and up to how many: the layout on the VNNI kernel; without VNNI,
-    torch's int4 kernel where it takes the weights (4-bit, or 8-bit groups of 32 as two halves), else the
-    layout's portable twin, for single rows."""
+    """What multiplies steps of a few rows, and up to how many: the layout on the VNNI kernel (below the AMX
+    kernel's rows where that runs); without VNNI, torch's int4 kernel where it takes the weights (4-bit, or
+    8-bit groups of 32 as two halves), else the layout's portable twin, for single rows."""
     if vnni:
-        return layout, PACKED_MAX_ROWS
+        return layout, (TILED_FROM_ROWS - 1 if tile_matmul(dtype) is not None else PACKED_MAX_ROWS)
     if weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
         if isinstance(weight, GroupQuantized):
             return Int4Weights(weight, dtype), TORCH_INT4_MAX_ROWS
@@ -525,7 +556,8 @@ def make_linear(
             layout = PackedWeights(quantized, kernels[0])
             packed, max_rows = _kernel_for_few_rows(quantized, layout, kernels[1], dtype)
             dense = quantized.dequantize().to(dtype) if dense_copy else None
-            return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, layout, dense)
+            tiles = tile_matmul(dtype)
+            return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, layout, dense, tiles)
         if isinstance(quantized, GroupQuantized) and quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
             dense = quantized.dequantize().to(dtype)
             return PackedLinear(

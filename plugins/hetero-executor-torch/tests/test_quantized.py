@@ -23,6 +23,7 @@ from hetero_executor_torch.plugin import TorchExecutorOptions
 from hetero_executor_torch.quantized import (
     PACKED_MAX_ROWS,
     SPLIT_MAX_ROWS,
+    TILED_FROM_ROWS,
     TORCH_INT4_MAX_ROWS,
     GroupQuantized,
     PackedLinear,
@@ -31,6 +32,7 @@ from hetero_executor_torch.quantized import (
     make_linear,
     onednn_blocked,
     packed_matmul,
+    tile_matmul,
 )
 
 from .test_tiny_model import our_logits
@@ -179,13 +181,30 @@ def test_the_files_q4_1_weights_run_packed_for_bf16_rows(smollm2_tensors) -> Non
     tensor = smollm2_tensors["blk.3.ffn_up.weight"]
     dense = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
     linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
-    for rows in sorted({1, 3, 9, linear.max_rows}):
+    for rows in sorted({1, 3, 9, linear.max_rows} & set(range(1, linear.max_rows + 1))):
         x = torch.randn(rows, dense.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
         expected = x.float() @ dense.T
         out = linear(x)
         assert out.dtype == torch.bfloat16
         # the result's rounding to bfloat16, on top of the activations' steps
         assert_within(out.float(), expected, activation_steps(x.float(), dense), 2**-8)
+
+
+@pytest.mark.model  # the embedded model's weights
+def test_the_files_q4_1_weights_run_on_amx_tiles_for_more_bf16_rows(smollm2_tensors) -> None:
+    """Above the VNNI kernel's rows, on a CPU with AMX: the product of the weights widened to bfloat16 (what
+    ``dense()`` gives), summed in float32 and rounded to bfloat16."""
+    if tile_matmul(torch.bfloat16) is None:
+        pytest.skip("no AMX kernel here (no AMX-BF16, or HETERO_KERNELS_PORTABLE set)")
+    tensor = smollm2_tensors["blk.3.ffn_up.weight"]
+    linear = make_linear(group_form(tensor.data, tensor.tensor_type), None, "auto", torch.bfloat16, CPU)
+    assert linear.tiles is not None and linear.max_rows == TILED_FROM_ROWS - 1
+    widened = linear.dense().float()
+    for rows in (TILED_FROM_ROWS, 16, 71):  # one tile of rows, a whole one, more than a pass sums
+        x = torch.randn(rows, widened.shape[1], generator=torch.Generator().manual_seed(rows)).bfloat16()
+        expected = x.float() @ widened.T
+        summed = widened.shape[1] * 2.0**-24 * (x.float().abs() @ widened.abs().T)
+        assert_within(linear(x).float(), expected, summed, 2**-8)
 
 
 @pytest.mark.model  # the embedded model's weights
@@ -237,19 +256,26 @@ def one_token_logits(executor: TorchExecutor, token: int, position: int) -> torc
         return executor.model.forward(*executor.model_inputs(layout(ExecutionBatch([sequence], 4))))
 
 
-@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize(
+    ("fmt", "amx"), [("int4", False), ("int8", False), ("int4", True)], ids=["int4", "int8", "int4-amx"]
+)  # int8 rows have no packed layout for the AMX kernel
 @pytest.mark.parametrize("tile_weights", [1 << 20, 16 * 128], ids=["one tile", "tiles of 16 outputs"])
-def test_many_rows_widen_the_packed_weights_as_the_dense_copy_holds_them(
-    monkeypatch, fmt: str, tile_weights: int
+def test_many_rows_run_the_packed_weights_as_the_dense_copy_holds_them(
+    monkeypatch, fmt: str, tile_weights: int, amx: bool
 ) -> None:
-    """No dense copy by default: a step of more rows than the packed kernels take widens the weights
-    a tile of outputs at a time, and computes what the opt-in dense copy computes."""
+    """No dense copy by default: a step of more rows than the packed kernels take runs on the AMX kernel where
+    it runs, else widens the weights a tile of outputs at a time, and computes what the opt-in dense copy
+    computes."""
     monkeypatch.setattr("hetero_executor_torch.quantized.TILE_WEIGHTS", tile_weights)
     torch.manual_seed(0)
     weight, bias = torch.randn(80, 128) * 0.05, torch.randn(80).bfloat16()
     widened = make_linear(weight, bias, fmt, torch.bfloat16, CPU)
     copied = make_linear(weight, bias, fmt, torch.bfloat16, CPU, dense_copy=True)
     assert widened.dense_linear is None and copied.dense_linear is not None
+    if amx and widened.tiles is None:
+        pytest.skip("no AMX kernel here (no AMX-BF16, or HETERO_KERNELS_PORTABLE set)")
+    if not amx:
+        widened.tiles = None
     torch.testing.assert_close(widened.dense(), copied.dense())
     x = torch.randn(widened.max_rows + 5, 128).bfloat16()
     torch.testing.assert_close(widened(x), copied(x), rtol=2e-2, atol=2e-2)

@@ -10,7 +10,7 @@ from hetero_core.errors import ConfigError
 from hetero_core.params import GenerationParams
 from hetero_core.testing import ExecutorContract
 from hetero_executor_torch import TorchExecutor
-from hetero_executor_torch.quantized import PackedLinear, fine_groups_run_packed
+from hetero_executor_torch.quantized import PACKED_MAX_ROWS, PackedLinear, fine_groups_run_packed
 
 from .conftest import tiny_engine, write_tiny_gguf, write_tiny_model
 
@@ -194,6 +194,8 @@ def test_the_cpu_warm_up_stays_within_every_packed_layers_rows(tmp_path, monkeyp
     packed = [linear for linear in layers if isinstance(linear, PackedLinear)]
     assert packed, "no layer runs packed here"
     assert executor.model.packed_rows() == min(linear.max_rows for linear in packed)
+    # a speculative step stays unwidened too, and within the rows of a plain step of many sequences
+    assert executor.max_verify_tokens == min(PACKED_MAX_ROWS, *(linear.unwidened_rows() for linear in packed))
     widened: list[PackedLinear] = []
 
     def widen(self: PackedLinear, x: torch.Tensor) -> torch.Tensor:
