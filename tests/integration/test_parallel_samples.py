@@ -9,8 +9,10 @@ the same tokens, compute the prompt's full blocks once and hold no more
 KV blocks than forking did. The model's samples were recorded again when
 the packed kernels' arithmetic for decodes of several sequences changed (the
 mock's are still forking's): they hold this engine to its own sampling, on
-the kernels of a CPU with AVX-512 VNNI. Run this module as a script to
-record the file again.
+the kernels of a CPU with AVX-512 VNNI, one record without AMX and one with
+(whose kernel takes steps of more than 8 rows, prefill among them). Run
+this module as a script to record the file again (the model's samples for
+this host's kernels; the other record is kept).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hetero_core.config import EngineConfig
 from hetero_core.engine import InferenceEngine
 from hetero_core.params import GenerationParams
 from hetero_core.sequence import FinishReason
-from hetero_kernels import cpu_packed_vnni
+from hetero_kernels import cpu_packed_amx, cpu_packed_vnni
 
 GOLDEN = Path(__file__).parent / "data" / "parallel_samples.json"
 SAMPLES = range(1, 9)
@@ -74,7 +76,12 @@ def model_engine() -> InferenceEngine:
     return InferenceEngine(EngineConfig(max_num_blocks=128))
 
 
-def record() -> dict[str, Any]:
+def kernels_here() -> str:
+    """The model record this host's kernels produce: ``vnni``, or ``vnni+amx`` where the AMX kernel runs."""
+    return "vnni+amx" if cpu_packed_amx.SUPPORTED else "vnni"
+
+
+def record(previous: dict[str, Any]) -> dict[str, Any]:
     mock = {
         f"{config}/{prompt}/{n}": mock_samples(config, prompt, n)
         for config in MOCK_CONFIGS
@@ -86,7 +93,7 @@ def record() -> dict[str, Any]:
         model = {str(n): model_samples(engine, n) for n in SAMPLES}
     finally:
         engine.close()
-    return {"mock": mock, "model": model}
+    return {"mock": mock, "model": previous.get("model", {}) | {kernels_here(): model}}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +116,7 @@ def test_mock_samples_are_the_recorded_ones(golden, config: str, prompt: str, n:
 def test_model_samples_are_the_recorded_ones(golden) -> None:
     engine = model_engine()
     try:
-        assert {str(n): model_samples(engine, n) for n in SAMPLES} == golden["model"]
+        assert {str(n): model_samples(engine, n) for n in SAMPLES} == golden["model"][kernels_here()]
     finally:
         engine.close()
 
@@ -205,5 +212,5 @@ def test_preempted_siblings_give_the_same_samples_and_free_every_block(caching: 
 
 
 if __name__ == "__main__":
-    GOLDEN.write_text(json.dumps(record(), indent=None, separators=(",", ":")) + "\n")
+    GOLDEN.write_text(json.dumps(record(json.loads(GOLDEN.read_text())), indent=None, separators=(",", ":")) + "\n")
     sys.exit(0)

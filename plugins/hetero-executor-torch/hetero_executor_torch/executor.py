@@ -282,7 +282,7 @@ class TorchExecutor:
         """Run a prefill step and decode steps once, through block 0 (still unused): on CUDA the largest
         prefill, the largest decode and one of three sequences; on the CPU a prefill and decodes of one and
         three sequences, each within the rows every packed layer multiplies without widening
-        (:meth:`LlamaModel.packed_rows`).
+        (:meth:`LlamaModel.unwidened_rows`).
 
         The first pass at a given size is slow (memory first touched, kernels
         picked or compiled, with decode graphs the largest batch's graph
@@ -294,14 +294,17 @@ class TorchExecutor:
         the whole model's at every such step (a 256-token prefill and a
         32-sequence decode added half a second to a 0.5B model's start, more
         to a 3B one's). So the steps
-        stay within the packed kernels' rows, and the first longer step pays
-        the widening kernels' first call (tens of milliseconds) instead; the
-        decodes of one and of three sequences run the one-call layers where
-        every layer takes them.
+        stay within the rows every layer multiplies without widening: the
+        packed kernels', and one row more where the AMX kernel takes the steps
+        above them (its first call compiles it: seconds with a cold Numba
+        cache, which the first prompt would pay otherwise). The first longer
+        step pays the widening kernels' first call (tens of milliseconds)
+        instead; the decodes of one and of three sequences run the one-call
+        layers where every layer takes them.
         """
         params = GenerationParams(temperature=0.0, max_tokens=1)
         cuda = self.device.type == "cuda"
-        rows = max(2, self.model.packed_rows())
+        rows = max(2, min(self.model.unwidened_rows(), self.model.packed_rows() + 1))
         length = max(2, max_num_tokens if cuda else min(max_num_tokens, rows))
         tokens = [0] * length
         table = [0] * -(-length // self.block_size)
