@@ -151,6 +151,21 @@ class Spec:
         return activations(rng, self.tokens, self.size, self.magnitude), weights
 
 
+PADDED = Spec(
+    tokens=1,
+    rows=40,
+    size=96,
+    bits=8,
+    group=16,
+    with_offset=True,
+    factors="float32",
+    narrow=False,
+    magnitude=1.0,
+    seed=0,
+)
+"""8-bit groups of 16 with offsets over a padded last block: the kernels' examples, their rows set as each needs."""
+
+
 @st.composite
 def specs(draw: st.DrawFn, max_tokens: int) -> Spec:
     bits, group = draw(st.sampled_from(FORMS))

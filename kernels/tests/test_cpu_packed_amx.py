@@ -7,7 +7,7 @@ import attrs
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
-from packed_problems import Spec, Weights, specs
+from packed_problems import PADDED, Spec, Weights, specs
 
 from hetero_kernels import cpu_packed, cpu_packed_amx
 from hetero_kernels.dtypes import bfloat16_bits, widen
@@ -17,18 +17,7 @@ pytestmark = pytest.mark.skipif(
     reason="this CPU has no AMX-BF16, Numba does not compile for it, Linux refuses the tile state,"
     " or HETERO_KERNELS_PORTABLE forces the portable paths",
 )
-ROWS_PAST_TILES = Spec(
-    tokens=cpu_packed_amx.ROW_TILES * cpu_packed_amx.TILE_ROWS + 5,
-    rows=40,
-    size=96,
-    bits=8,
-    group=16,
-    with_offset=True,
-    factors="float32",
-    narrow=False,
-    magnitude=1.0,
-    seed=0,
-)
+ROWS_PAST_TILES = attrs.evolve(PADDED, tokens=cpu_packed_amx.ROW_TILES * cpu_packed_amx.TILE_ROWS + 5)
 """Five activation rows past the tiles one pass sums (a second pass, a padded last tile), over a padded last block."""
 
 

@@ -7,7 +7,7 @@ import attrs
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
-from packed_problems import Spec, Weights, specs, term_magnitudes, with_two_signatures
+from packed_problems import PADDED, Spec, Weights, specs, term_magnitudes, with_two_signatures
 
 from hetero_kernels import cpu_packed, cpu_packed_vnni
 from hetero_kernels.dtypes import bfloat16_bits, widen
@@ -17,18 +17,7 @@ pytestmark = pytest.mark.skipif(
     reason="this CPU has no AVX-512 VNNI, Numba does not compile for it,"
     " or HETERO_KERNELS_PORTABLE forces the portable paths",
 )
-CHUNKS = Spec(
-    tokens=7,
-    rows=40,
-    size=96,
-    bits=8,
-    group=16,
-    with_offset=True,
-    factors="float32",
-    narrow=False,
-    magnitude=1.0,
-    seed=0,
-)
+CHUNKS = attrs.evolve(PADDED, tokens=7)
 """Seven activation rows: one chunk each of four, two and one, over a padded last block."""
 
 
