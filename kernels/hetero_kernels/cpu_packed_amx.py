@@ -203,9 +203,7 @@ def _products(typingctx, staged, x, sums, first, count):
                 with builder.if_then(used):
                     body(i)
 
-        for i in range(ROW_TILES):
-            with builder.if_then(builder.icmp_signed(">", count, constant(i))):
-                tile_call("llvm.x86.tilezero", [number(2 + i)], [_I8])
+        tiles_used(lambda i: tile_call("llvm.x86.tilezero", [number(2 + i)], [_I8]))
 
         with cgutils.for_range(builder, steps) as loop:
             s = loop.index

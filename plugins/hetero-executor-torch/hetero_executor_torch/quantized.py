@@ -519,13 +519,13 @@ def tile_matmul(dtype: torch.dtype) -> Any:
 
 
 def _kernel_for_few_rows(
-    weight: GroupQuantized | ByteQuantized, layout: PackedWeights, vnni: bool, dtype: torch.dtype
+    weight: GroupQuantized | ByteQuantized, layout: PackedWeights, vnni: bool, tiles: Any, dtype: torch.dtype
 ) -> tuple[PackedWeights | Int4Weights | SplitInt4Weights, int]:
     """What multiplies steps of a few rows, and up to how many: the layout on the VNNI kernel (below the AMX
-    kernel's rows where that runs); without VNNI, torch's int4 kernel where it takes the weights (4-bit, or
-    8-bit groups of 32 as two halves), else the layout's portable twin, for single rows."""
+    kernel's rows where ``tiles`` is that kernel); without VNNI, torch's int4 kernel where it takes the
+    weights (4-bit, or 8-bit groups of 32 as two halves), else the layout's portable twin, for single rows."""
     if vnni:
-        return layout, (TILED_FROM_ROWS - 1 if tile_matmul(dtype) is not None else PACKED_MAX_ROWS)
+        return layout, (TILED_FROM_ROWS - 1 if tiles is not None else PACKED_MAX_ROWS)
     if weight.shape[0] % TORCH_INT4_OUTPUTS == 0:
         if isinstance(weight, GroupQuantized):
             return Int4Weights(weight, dtype), TORCH_INT4_MAX_ROWS
@@ -554,9 +554,9 @@ def make_linear(
         kernels = packed_matmul(dtype, device)
         if kernels is not None:
             layout = PackedWeights(quantized, kernels[0])
-            packed, max_rows = _kernel_for_few_rows(quantized, layout, kernels[1], dtype)
-            dense = quantized.dequantize().to(dtype) if dense_copy else None
             tiles = tile_matmul(dtype)
+            packed, max_rows = _kernel_for_few_rows(quantized, layout, kernels[1], tiles, dtype)
+            dense = quantized.dequantize().to(dtype) if dense_copy else None
             return PackedLinear(packed, quantized.shape, dtype, bias, max_rows, table, layout, dense, tiles)
         if isinstance(quantized, GroupQuantized) and quantized.shape[0] % TORCH_INT4_OUTPUTS == 0:
             dense = quantized.dequantize().to(dtype)
