@@ -46,13 +46,15 @@ def child(peer: str, model: str | None, context: int, tokens: int, threads: int,
 
         import hetero_core  # noqa: F401
         import hetero_executor_torch  # noqa: F401
-    elif peer == "hetero":
-        import torch
+    elif peer == "hetero":  # as a user would: torch is imported by the executor plugin, inside the engine's start
+        from hetero_core import ComponentSpec, EngineConfig, GenerationParams, InferenceEngine
 
-        from hetero_core import EngineConfig, GenerationParams, InferenceEngine
-
-        torch.set_num_threads(threads)
-        config = EngineConfig(model=model, max_num_blocks=context // BLOCK_SIZE, block_size=BLOCK_SIZE)
+        config = EngineConfig(
+            model=model,
+            max_num_blocks=context // BLOCK_SIZE,
+            block_size=BLOCK_SIZE,
+            executor=ComponentSpec("torch", {"num_threads": threads}),
+        )
         engine = InferenceEngine(config)
         [record] = engine.generate([PROMPT], GenerationParams(max_tokens=tokens, temperature=0))
         assert len(record.generated_tokens) >= 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
@@ -146,3 +147,29 @@ def test_used_as_a_library_the_engine_prints_nothing() -> None:
     result = subprocess.run([sys.executable, "-c", LIBRARY_USE], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert (result.stdout, result.stderr) == ("", "")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_garbage_collector_is_paused_while_the_engine_starts(make_engine, monkeypatch, enabled, fails) -> None:
+    seen: list[bool] = []
+    start = InferenceEngine._start
+
+    def recording_start(self, registry) -> None:
+        seen.append(gc.isenabled())
+        if fails:
+            raise RuntimeError("start failed")
+        start(self, registry)
+
+    monkeypatch.setattr(InferenceEngine, "_start", recording_start)
+    (gc.enable if enabled else gc.disable)()
+    try:
+        if fails:
+            with pytest.raises(RuntimeError, match="start failed"):
+                make_engine()
+        else:
+            make_engine()
+        assert seen == [False]
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
