@@ -123,6 +123,17 @@ def _write_kv(key, row, values, k_cache, v_cache, slot, kv_head):
         put(value, d, get(source, d))
 
 
+@njit(inline="always", **_OPTIONS)
+def _write_keys(row, cos, sin, k_cache, v_cache, slot, num_heads, first_kv_head, count, like):
+    """KV heads ``first_kv_head .. + count`` of one token's fused q/k/v ``row``: the keys rotated, then
+    written with their values at ``slot``."""
+    num_kv_heads, head_size = k_cache.shape[2], k_cache.shape[3]
+    key = np.empty(head_size, dtype=k_cache.dtype)
+    for kv_head in range(first_kv_head, first_kv_head + count):
+        _rotate(key, row, (num_heads + kv_head) * head_size, cos, sin, like)
+        _write_kv(key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slot, kv_head)
+
+
 @njit(parallel=True, **_OPTIONS)
 def rotary_decode_planned(
     out,
@@ -139,6 +150,7 @@ def rotary_decode_planned(
     decode_table,
     parts,
     spans,
+    keys_first,
 ):
     """:func:`rotary_decode_attention` with its plan (:func:`decode_plan`) given, callable from other
     compiled kernels (:mod:`hetero_kernels.cpu_layer`)."""
@@ -147,17 +159,15 @@ def rotary_decode_planned(
     items, heads = qkv.shape[0] * parts, per_part * group
     partial = np.empty((items if spans > 1 else 0, spans, heads, head_size), dtype=np.float32)
     peaks, sums = np.empty((items, spans, heads), dtype=np.float32), np.empty((items, spans, heads), dtype=np.float32)
+    if keys_first:  # rows that read each other's keys: all are written before any is read
+        for b in prange(qkv.shape[0]):
+            _write_keys(qkv[b], cos[b], sin[b], k_cache, v_cache, slots[b], num_heads, 0, num_kv_heads, out)
     for work in prange(items * spans):
         item, span = work // spans, work % spans
         b, first_kv_head = interleaved(item // parts, qkv.shape[0]), (item % parts) * per_part
         row, c, s, length = qkv[b], cos[b], sin[b], context_lens[b]
-        if span == spans - 1:  # the last span holds the new position: its key and value go in first
-            key = np.empty(head_size, dtype=k_cache.dtype)
-            for kv_head in range(first_kv_head, first_kv_head + per_part):
-                _rotate(key, row, (num_heads + kv_head) * head_size, c, s, out)
-                _write_kv(
-                    key, row, (num_heads + num_kv_heads + kv_head) * head_size, k_cache, v_cache, slots[b], kv_head
-                )
+        if not keys_first and span == spans - 1:  # the last span holds the new position: its key goes in first
+            _write_keys(row, c, s, k_cache, v_cache, slots[b], num_heads, first_kv_head, per_part, out)
         q = np.empty((heads, head_size), dtype=np.float32)
         for h in range(heads):
             _rotate(q[h], row, (first_kv_head * group + h) * head_size, c, s, out)
@@ -192,29 +202,44 @@ def rotary_decode_planned(
 
 
 def rotary_decode_attention(
-    out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads: int, scale: float
+    out,
+    qkv,
+    cos,
+    sin,
+    k_cache,
+    v_cache,
+    slots,
+    block_tables,
+    context_lens,
+    num_heads: int,
+    scale: float,
+    keys_first: bool = False,
 ) -> None:
-    """One decode token per sequence: ``qkv`` ``[B, (heads + 2 * kv_heads) * head_size]`` (q heads, k
-    heads, v heads) with ``cos``/``sin`` ``[B, head_size]`` for its position; writes its rotated key and
-    its value at ``slots[b]`` of ``k_cache``/``v_cache`` and the attention over the sequence's
-    ``context_lens[b]`` positions (this one included) to ``out`` ``[B, heads, head_size]``. Every array
-    but the int tables is in the activations' dtype, or the caches in bfloat16 under float32 activations.
+    """One new token per row: ``qkv`` ``[B, (heads + 2 * kv_heads) * head_size]`` (q heads, k heads, v
+    heads) with ``cos``/``sin`` ``[B, head_size]`` for its position; writes its rotated key and its
+    value at ``slots[b]`` of ``k_cache``/``v_cache`` and the attention over the ``context_lens[b]``
+    positions of its sequence (this one included) to ``out`` ``[B, heads, head_size]``. Every array but
+    the int tables is in the activations' dtype, or the caches in bfloat16 under float32 activations.
 
-    A work item is a sequence with all its heads; below ``SPLIT_BELOW_TOKENS`` sequences, one KV head
-    over one of two halves of the positions (merged after), so that both threads get as much work."""
-    plan = decode_plan(qkv.shape[0], k_cache)
+    Rows are one decode per sequence, or, with ``keys_first``, may also be consecutive new tokens of one
+    sequence (a verification step's), each with its own length: then every row's key and value is written
+    before any row attends.
+
+    A work item is a row with all its heads; below ``SPLIT_BELOW_TOKENS`` rows, one KV head over one of
+    two halves of the positions (merged after), so that both threads get as much work."""
+    plan = decode_plan(qkv.shape[0], k_cache, keys_first)
     rotary_decode_planned(
         out, qkv, cos, sin, k_cache, v_cache, slots, block_tables, context_lens, num_heads, np.float32(scale), *plan
     )
 
 
-def decode_plan(sequences: int, k_cache) -> tuple:
-    """How :func:`rotary_decode_attention` shares out a step: the cache's widening marker, then the parts
-    each sequence's KV heads and the spans its positions are cut into."""
+def decode_plan(rows: int, k_cache, keys_first: bool = False) -> tuple:
+    """How :func:`rotary_decode_attention` shares out a step: the cache's widening marker, the parts each
+    row's KV heads and the spans its positions are cut into, and whether all keys are written first."""
     decode_table = WIDEN_BFLOAT16 if k_cache.dtype == np.uint16 else NO_DECODE_TABLE
-    few = sequences < SPLIT_BELOW_TOKENS
+    few = rows < SPLIT_BELOW_TOKENS
     parts, spans = (k_cache.shape[2], 2) if few else (1, 1)
-    return decode_table, parts, spans
+    return decode_table, parts, spans, keys_first
 
 
 @njit(parallel=True, **_OPTIONS)

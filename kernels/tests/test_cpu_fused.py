@@ -6,10 +6,11 @@ torch itself, in the torch executor's tests (``test_fused_layers.py``).
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from paged_problems import BFLOAT16, Problem, problems
+from paged_problems import BFLOAT16, GARBAGE, Problem, problems
 
 from hetero_kernels import cpu_fused, reference
 from hetero_kernels.dtypes import bfloat16_bits, widen
@@ -77,6 +78,44 @@ def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) 
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(problem.k_cache, k_expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(problem.v_cache, v_expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(max_batch=1, cache_dtypes=(np.float32,), head_sizes=EVEN_HEAD_SIZES), st.integers(1, 9))
+def test_rows_of_one_sequence_attend_up_to_their_own_positions(problem: Problem, rows: int) -> None:
+    """A step verifying proposals: the sequence's last ``rows`` positions are new, each row attends to the
+    sequence up to itself, the rows before it included (keys written first: their slots hold garbage
+    before the call)."""
+    length = int(problem.context_lens[0])
+    rows = min(rows, length)
+    verify = attrs.evolve(
+        problem,
+        query=np.zeros((rows, *problem.query.shape[1:]), dtype=np.float32),
+        block_tables=np.repeat(problem.block_tables[:1], rows, axis=0),
+        context_lens=np.arange(length - rows + 1, length + 1, dtype=np.int32),
+    )
+    qkv, cos, sin, slots = step_of(verify)
+    for cache in (verify.k_cache, verify.v_cache):
+        cache.reshape(-1, *cache.shape[2:])[slots] = GARBAGE
+    expected, k_expected, v_expected = expected_step(verify, qkv, cos, sin, slots)
+    out = np.zeros(verify.query.shape, dtype=np.float32)
+    cpu_fused.rotary_decode_attention(
+        out,
+        qkv,
+        cos,
+        sin,
+        verify.k_cache,
+        verify.v_cache,
+        slots,
+        verify.block_tables,
+        verify.context_lens,
+        verify.query.shape[1],
+        verify.scale,
+        keys_first=True,
+    )
+    np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(verify.k_cache, k_expected, atol=1e-5, rtol=1e-5)
+    np.testing.assert_array_equal(verify.v_cache, v_expected)
 
 
 @settings(max_examples=40, deadline=None)

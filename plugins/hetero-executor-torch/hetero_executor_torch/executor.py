@@ -195,8 +195,11 @@ class TorchExecutor:
             kernels = fused_layers.fused_kernels(
                 self.attention, self.device, self.dtype, self.kv_cache_dtype, model_config
             )
+            # the most rows of a step whose layers each run as one call (0: none)
+            self._one_call_rows = 0
             if kernels is not None:
-                self.model.fused = fused_layers.FusedLayers(self.model, kernels)
+                self.model.fused = fused = fused_layers.FusedLayers(self.model, kernels)
+                self._one_call_rows = fused.packed_rows
         self.model_config = model_config
         self._info = ModelInfo(
             model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids
@@ -239,11 +242,14 @@ class TorchExecutor:
 
     @property
     def max_verify_tokens(self) -> int:
-        """Tokens a decoding step with proposals carries at most: every packed layer multiplies them without
-        widening its weights (a widening costs several decode steps), as it does a plain decoding step of as
-        many sequences; and at most :data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS`, so that a step
-        of that many sequences carries no proposals."""
-        return min(PACKED_MAX_ROWS, self.model.unwidened_rows())
+        """Tokens a decoding step with proposals carries at most: where its layers can each run as one call
+        (:class:`~hetero_executor_torch.fused_layers.FusedLayers`), as many as that takes (a step of more
+        costs about a third more, its layers' kernels called one by one from Python); elsewhere as many as
+        every packed layer multiplies without widening its weights (a widening costs several decode steps),
+        as it does a plain decoding step of as many sequences. At most
+        :data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS`, so that a step of that many sequences
+        carries no proposals."""
+        return min(PACKED_MAX_ROWS, self._one_call_rows or self.model.unwidened_rows())
 
     def kv_cache_block_bytes(self, block_size: int) -> int:
         config = self.model_config

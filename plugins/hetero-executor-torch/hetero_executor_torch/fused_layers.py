@@ -17,10 +17,12 @@ same roundings (the reductions reassociated):
   and attends through the backend: on CUDA, where a batch-1 step is hundreds
   of tiny kernels replayed from a graph, that is 8 fewer kernels a layer.
 
-A CPU decode-only step whose projections all run on the VNNI kernel
+A CPU step whose projections all run on the VNNI kernel
 (``hetero_kernels.cpu_packed_vnni``, GGUF's weights on an AVX-512 VNNI CPU),
-up to its rows, runs each layer as one ``hetero_kernels.cpu_layer`` call, the
-same kernels called from Numba. This computes a slightly different, more
+up to its rows, and whose rows all continue cached sequences (decodes, and the
+tokens of steps that verify proposals: each such row attends like a decode,
+over its sequence up to its own position) runs each layer as one
+``hetero_kernels.cpu_layer`` call, the same kernels called from Numba. This computes a slightly different, more
 exact, function: the activations stay float32 between the kernels, whatever
 the model's dtype; only the cache keeps it. That kernel quantizes the
 activations to 16 bits per group, finer than bfloat16, so rounding them to
@@ -77,6 +79,30 @@ def packed_layers(model: LlamaModel) -> list[tuple]:
     return [] if any(four is None for layer in layers for four in layer) else layers
 
 
+def continuing_rows(attention: AttentionInputs, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per row, the block table and the length of the context it attends to (its own position included),
+    when every row continues a cached sequence: decodes, and the tokens of a step that verifies
+    proposals (a row sees the rows before it in its sequence); None when a prompt starts in the step."""
+    meta = attention.kernel
+    n = attention.num_decodes
+    if n == rows:
+        return meta.decode_tables.numpy(), meta.decode_lens.numpy()
+    starts, contexts = meta.prefill_query_start.numpy(), meta.prefill_context_lens.numpy()
+    new = np.diff(starts)
+    if (contexts <= new).any():
+        return None
+    decode_tables, chunk_tables = meta.decode_tables.numpy(), meta.prefill_tables.numpy()
+    tables = np.zeros((rows, max(decode_tables.shape[1], chunk_tables.shape[1])), dtype=np.int32)
+    lengths = np.empty(rows, dtype=np.int32)
+    tables[:n, : decode_tables.shape[1]] = decode_tables
+    lengths[:n] = meta.decode_lens.numpy()
+    for table, start, count, context in zip(chunk_tables, starts[:-1], new, contexts, strict=True):
+        chunk = slice(n + start, n + start + count)
+        tables[chunk, : table.shape[0]] = table
+        lengths[chunk] = np.arange(context - count + 1, context + 1)
+    return tables, lengths
+
+
 class FusedLayers:
     """Runs a step's decoder layers for ``model`` with ``kernels`` (``cpu_fused`` or ``cuda_fused``)."""
 
@@ -108,8 +134,8 @@ class FusedLayers:
         rows, dtype, device = input_ids.shape[0], model.dtype, model.device
         hidden = model.embedding.embed(input_ids).float()
         stream = kernel_array(hidden)
-        if attention.num_decodes == rows <= self.packed_rows:
-            self._packed_decodes(stream, positions, attention, kv_caches)
+        if rows <= self.packed_rows and (continuing := continuing_rows(attention, rows)) is not None:
+            self._packed_decodes(stream, positions, attention, kv_caches, *continuing)
             return hidden
         cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         # the inputs of each layer's projections, overwritten layer after layer
@@ -147,18 +173,21 @@ class FusedLayers:
         positions: torch.Tensor,
         attention: AttentionInputs,
         kv_caches: list[Any],
+        tables: np.ndarray,
+        lengths: np.ndarray,
     ) -> None:
-        """A decode-only step through ``hetero_kernels.cpu_layer``, one call per layer, leaving the residual
-        stream after the last layer in ``stream``.
+        """A step of rows that each continue a cached sequence (:func:`continuing_rows`'s ``tables`` and
+        ``lengths``) through ``hetero_kernels.cpu_layer``, one call per layer, leaving the residual stream
+        after the last layer in ``stream``.
 
         The activations stay float32 from layer to layer (only the cache is in the model's dtype): the
         projections quantize them to 16 bits per group anyway, so rounding them to bfloat16 first would
         only add error (``benchmarks/quality.py`` measures the difference)."""
-        config, meta, rows = self.model.config, attention.kernel, stream.shape[0]
+        config, rows = self.model.config, stream.shape[0]
         cos, sin = (kernel_array(table.view(rows, -1)) for table in self.model.rope_tables(positions, torch.float32))
         caches = self._cache_arrays(kv_caches)
-        tables = (attention.slot_mapping.numpy(), meta.decode_tables.numpy(), meta.decode_lens.numpy())
-        plan = self.kernels.decode_plan(rows, caches[0][0])
+        layout = (attention.slot_mapping.numpy(), tables, lengths)
+        plan = self.kernels.decode_plan(rows, caches[0][0], keys_first=attention.num_decodes < rows)
         qkv_size = (config.num_heads + 2 * config.num_kv_heads) * config.head_size
         shapes = (
             (qkv_size,),
@@ -175,7 +204,7 @@ class FusedLayers:
         for weights, (k_cache, v_cache), post_norm, next_norm in zip(
             self.packed_layers, caches, self.post_norms, next_norms, strict=True
         ):
-            layer_attention = (cos, sin, k_cache, v_cache, *tables, config.num_heads, scale, *plan)
+            layer_attention = (cos, sin, k_cache, v_cache, *layout, config.num_heads, scale, *plan)
             self.layer_kernel.decode_layer(stream, x, buffers, weights, post_norm, next_norm, eps, layer_attention)
 
     def _decodes(self, attention: AttentionInputs) -> Callable[..., torch.Tensor]:

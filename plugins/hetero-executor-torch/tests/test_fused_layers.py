@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import types
 
 import pytest
 import torch
@@ -157,16 +158,16 @@ def int4_ready_model(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny-llama-128"), intermediate_size=128)
 
 
-def decode_step(executor: TorchExecutor, sequences: int) -> torch.Tensor:
-    """Prompts of 1, 7 and 13 tokens prefilled, then one decode each for the first ``sequences``:
-    the residual stream after the last layer, run as the executor runs it."""
+def decode_step(executor: TorchExecutor, sequences: int, kind: str = "decodes") -> torch.Tensor:
+    """Prompts of 1, 7 and 13 tokens prefilled (the first ``sequences``), then a step of ``kind``: the
+    residual stream after the last layer, run as the executor runs it."""
     executor.initialize_cache(64, BLOCK_SIZE)
     rng = random.Random(5)
     prompts = [[rng.randrange(259) for _ in range(length)] for length in (1, 7, 13)][:sequences]
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(prompts))]
     for i, prompt in enumerate(prompts):
         executor.execute(ExecutionBatch([scheduled(i, prompt, 0, tables[i])], BLOCK_SIZE))
-    step = layout(ExecutionBatch(STEPS["decodes"](prompts, tables), BLOCK_SIZE))
+    step = layout(ExecutionBatch(STEPS[kind](prompts, tables), BLOCK_SIZE))
     with torch.inference_mode():
         input_ids, positions, attention, kv_caches, _ = executor.model_inputs(step)
         return executor.model.hidden_states(input_ids, positions, attention, kv_caches)
@@ -189,6 +190,21 @@ def test_a_layer_in_one_call_computes_its_kernels_calls(int4_ready_model, sequen
     packed = decode_step(executor, sequences)
     executor.model.fused.packed_rows = 0  # the layers' kernels called from Python, one by one
     assert torch.equal(packed, decode_step(executor, sequences))
+
+
+def test_a_step_verifying_proposals_runs_its_layers_in_one_call(int4_ready_model) -> None:
+    """float32: a decode beside a sequence's token and three proposals, each row attending like a decode over
+    its sequence up to itself (the proposals' keys written before any row reads them), as the kernels called
+    one by one compute it (whose attention over the four rows is the prefill kernel's: float32 rounding)."""
+    executor = int4_executor(int4_ready_model, "float32")
+    fused = executor.model.fused
+    calls = []
+    kernel = fused.layer_kernel.decode_layer
+    fused.layer_kernel = types.SimpleNamespace(decode_layer=lambda *args: calls.append(kernel(*args)))
+    one_call = decode_step(executor, 3, "mixed")
+    assert len(calls) == len(executor.model.layers)
+    fused.packed_rows = 0
+    torch.testing.assert_close(one_call, decode_step(executor, 3, "mixed"), atol=1e-5, rtol=1e-4)
 
 
 def test_packed_decodes_keep_bfloat16_models_closer_to_float32(int4_ready_model) -> None:
