@@ -8,6 +8,17 @@ proposal costs a few dictionary lookups, not a scan of the context. The
 longest n-gram that ends the sequence and occurred before wins, and the
 tokens after that occurrence are the proposal.
 
+A proposal copies from somewhere in the context, and the next one goes on
+copying from where the model stopped keeping it. Where the model's own token
+there is not the copied one, it is mostly an edit: a token in place of the
+copied one (a renamed function), or one more token (a record rewritten over
+several lines: a line break before each field); the copy goes on after the
+replaced token, or at the one the inserted token went before (and past a
+token the model left out). Which of the first two, each sequence learns from
+its own edits: it starts with the first, and changes its guess when a
+proposal after an edit is turned down at once. A copy turned down at once
+otherwise was a wrong guess: the next proposal looks its suffix up again.
+
 How many it proposes adapts per sequence: after a step that kept every
 proposal the bound grows by 2 (up to ``k``), after one that kept some it
 becomes one more than were kept (at least 3: a step of one to three
@@ -31,6 +42,8 @@ from hetero_core.validators import number_in
 FIRST_PAUSE = 8  # steps without proposals after the first run of failures
 MIN_BOUND = 3  # on the CPU a verification step of 2 to 4 rows costs about the same
 MAX_PAUSE = 256
+GROWTH = 2  # the bound's growth after a step that kept every proposal
+LOOKED_UP, CONTINUED, AFTER_EDIT = range(3)  # how a proposal's source was found
 
 
 def _check_ngram_range(instance: NgramOptions, _attribute: Any, max_ngram: int) -> None:
@@ -60,6 +73,10 @@ class _SequenceState:
     failures: int = 0  # steps in a row that kept nothing
     pause: int = 0  # steps left without proposals
     next_pause: int = FIRST_PAUSE
+    source: int = -1  # where the latest proposal was copied from (its first token's position), -1: none
+    found: int = LOOKED_UP  # how that source was found
+    resume: int = -1  # where the copy goes on: the source of the model's latest token, -1: nowhere
+    inserts: bool = False  # the model's edits insert a token (the copy goes on at it), or replace one
 
 
 class NgramSpeculator:
@@ -96,9 +113,15 @@ class NgramSpeculator:
         if state is None:
             return
         if num_accepted == num_proposed:
-            state.bound = min(self.k, state.bound + 2)
+            state.bound = min(self.k, state.bound + GROWTH)
         else:
             state.bound = max(MIN_BOUND, num_accepted + 1)
+        if num_accepted or state.found == CONTINUED:  # a copy that held, or an edit at its first token
+            state.resume = state.source + num_accepted if state.source >= 0 else -1
+        else:  # a wrong source: the next proposal looks the suffix up
+            state.resume = -1
+            if state.found == AFTER_EDIT:
+                state.inserts = not state.inserts
         if num_accepted:
             state.failures, state.next_pause = 0, FIRST_PAUSE
             return
@@ -119,15 +142,28 @@ class NgramSpeculator:
             state = self._states[request.seq_id] = _SequenceState(bound=self.k)
         tokens = request.token_ids
         self._index(state, tokens)
+        resume, state.resume, state.source, state.found = state.resume, -1, -1, LOOKED_UP
         if state.pause:
             state.pause -= 1
             return []
         count = len(tokens)
-        for n in range(min(self.max_ngram, count - 1), self.min_ngram - 1, -1):
-            end = state.ends.get(tuple(tokens[count - n :]))
-            if end is not None:
-                return list(tokens[end : end + min(state.bound, request.max_proposals)])
-        return []
+        start = -1
+        if 0 <= resume < count - 1:
+            if tokens[resume] == tokens[-1]:
+                start, state.found = resume + 1, CONTINUED
+            elif tokens[resume + 1] == tokens[-1]:  # a token left out
+                start, state.found = resume + 2, CONTINUED
+            else:
+                start, state.found = resume + (not state.inserts), AFTER_EDIT
+        else:
+            for n in range(min(self.max_ngram, count - 1), self.min_ngram - 1, -1):
+                start = state.ends.get(tuple(tokens[count - n :]), -1)
+                if start >= 0:
+                    break
+        if start < 0:
+            return []
+        state.source = start
+        return list(tokens[start : start + min(state.bound, request.max_proposals)])
 
     def _index(self, state: _SequenceState, tokens: list[int]) -> None:
         """Index the n-grams ending before the last position (the suffix looked up must occur earlier)."""

@@ -50,15 +50,41 @@ def test_the_bound_adapts_and_failures_pause_proposals() -> None:
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]
     assert propose(speculator, tokens) == [2, 3, 4, 5, 6, 7, 8]
     speculator.observe(0, 7, 4)  # four kept: the bound drops to 5
-    assert propose(speculator, tokens) == [2, 3, 4, 5, 6]
-    speculator.observe(0, 5, 0)  # none kept: the bound drops to its floor
-    assert propose(speculator, tokens) == [2, 3, 4]
-    speculator.observe(0, 3, 3)  # all kept: it grows by 2
-    assert propose(speculator, tokens) == [2, 3, 4, 5, 6]
-    speculator.observe(0, 5, 0)
+    tokens += [2, 3, 4, 5, 6]  # the four kept, and the model's token: the copied one (it ends the proposal)
+    assert propose(speculator, tokens) == [7, 8, 9, 1, 2]  # the copy goes on
+    speculator.observe(0, 5, 5)  # all kept: it grows by 2
+    tokens += [7, 8, 9, 1, 2, 3]
+    assert propose(speculator, tokens) == [4, 5, 6, 7, 8, 9, 1]
+    speculator.observe(0, 7, 0)  # none kept (the model wrote 40): the bound drops to its floor
+    tokens += [40]
+    assert propose(speculator, tokens) == [5, 6, 7]  # an edit: 40 in place of 4, the copy goes on after it
     speculator.observe(0, 3, 0)  # `patience` failures in a row: a pause
     assert [propose(speculator, tokens) for _ in range(FIRST_PAUSE)] == [[]] * FIRST_PAUSE
-    assert propose(speculator, tokens) == [2, 3, 4]
+    assert propose(speculator, [*tokens, 1]) == [2, 3, 40]
+
+
+def test_after_an_edit_the_copy_goes_on_and_each_sequence_learns_which_edit() -> None:
+    speculator = NgramSpeculator(k=4, min_ngram=2, max_ngram=2)
+    # a record copied over several lines: a line break (9) before each field the prompt separates with 8
+    tokens = [8, 1, 2, 8, 3, 4, 8, 5, 6, 8, 7, 7, 0, 1, 2]
+    assert propose(speculator, tokens) == [8, 3, 4, 8]
+    speculator.observe(0, 4, 3)  # three kept, then the model wrote 9 before 8: taken as 9 in place of 8 first
+    tokens += [8, 3, 4, 9]
+    assert propose(speculator, tokens) == [5, 6, 8, 7]
+    speculator.observe(0, 4, 0)  # wrong: the copy breaks off, and this sequence's edits now insert
+    tokens += [8]
+    assert propose(speculator, tokens) == []  # "9 8" occurred nowhere before
+    tokens += [5]
+    assert propose(speculator, tokens) == [6, 8, 7]  # the suffix "8 5", looked up (3: the bound's floor)
+    speculator.observe(0, 3, 1)  # the model wrote 9 again
+    tokens += [6, 9]
+    assert propose(speculator, tokens) == [8, 7, 7]  # at the token 9 went before
+    # a token left out: the copy goes on past it
+    speculator = NgramSpeculator(k=3, min_ngram=2, max_ngram=2)
+    tokens = [1, 2, 3, 4, 5, 6, 0, 1, 2]
+    assert propose(speculator, tokens, seq_id=1) == [3, 4, 5]
+    speculator.observe(1, 3, 1)
+    assert propose(speculator, [*tokens, 3, 5], seq_id=1) == [6, 0, 1]
 
 
 def test_options_are_checked_by_name() -> None:
