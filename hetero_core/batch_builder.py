@@ -71,7 +71,7 @@ class BatchBuilder:
             work.num_new_tokens -= cut
             scheduled.token_ids = scheduled.token_ids[: len(scheduled.token_ids) - cut]
             scheduled.num_proposed = kept
-        scheduled.allowed_tokens = masks
+        scheduled.allowed_tokens = masks if kept else masks[0]  # no proposal left: one row, as a plain sample
         return None
 
 

@@ -180,7 +180,10 @@ class MockExecutor:
         if seq.allowed_tokens is None:
             candidates = list(range(vocab_size))
         else:
-            mask = seq.allowed_tokens if seq.allowed_tokens.ndim == 1 else seq.allowed_tokens[position]
+            rows = seq.num_proposed + 1 if seq.num_proposed else None  # the batch's contract: a row, or one a position
+            if (seq.allowed_tokens.shape[0] if seq.allowed_tokens.ndim == 2 else None) != rows:
+                raise ValueError(f"allowed_tokens of shape {seq.allowed_tokens.shape} for {seq.num_proposed} proposals")
+            mask = seq.allowed_tokens if rows is None else seq.allowed_tokens[position]
             candidates = allowed_token_ids(mask, vocab_size).tolist()
         forced = [t for t in candidates if bias.get(t, 0.0) >= 100.0]
         return forced or [t for t in candidates if bias.get(t, 0.0) > -100.0]

@@ -131,6 +131,50 @@ def test_the_same_constraint_with_and_without_preemption_gives_the_same_text() -
     assert texts[0] == texts[1]
 
 
+class FirstTokenSpeculator:
+    """Proposes ``token`` (set once the engine is built) and one more after every sequence's tokens."""
+
+    token = 0
+
+    @hookimpl
+    def register_speculators(self, register) -> None:
+        register("first-token", lambda config, model_info, components: self)
+
+    def propose(self, requests) -> list[list[int]]:
+        return [[self.token, self.token][: request.max_proposals] for request in requests]
+
+    def observe(self, seq_id: int, num_proposed: int, num_accepted: int) -> None:
+        pass
+
+    def free(self, seq_id: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_proposals_a_constraint_forbids_at_once_leave_a_plain_sample() -> None:
+    """Every proposal is cut before its first token: each sample is then a plain one, with its one mask row."""
+    from hetero_structured_llguidance import plugin as llguidance
+
+    speculator = FirstTokenSpeculator()
+    with_proposals = engine_with(
+        (llguidance, "structured-llguidance"), (speculator, "first-token"), speculator="first-token"
+    )
+    speculator.token = with_proposals.tokenizer.encode("#")[0]  # no choice starts with it
+    plain = grammar_engine()
+    params = GenerationParams(max_tokens=20, temperature=0.0, structured_output=StructuredOutput.choice(CHOICES))
+    try:
+        (got,) = with_proposals.generate(["pick a colour"], params)
+        (expected,) = plain.generate(["pick a colour"], params)
+        assert got.outputs[0].finish_reason is FinishReason.STOP
+        assert got.outputs[0].token_ids == expected.outputs[0].token_ids
+        assert with_proposals.metrics.speculative_proposed_tokens == 0  # every proposal cut
+    finally:
+        with_proposals.close()
+        plain.close()
+
+
 def test_a_constraint_that_does_not_compile_is_rejected_at_submission(engine) -> None:
     for constraint in (StructuredOutput.regex("a("), StructuredOutput.json_schema({"type": "nope"})):
         with pytest.raises(ValidationError) as info:
