@@ -56,12 +56,8 @@ def expected_step(problem: Problem, qkv, cos, sin, slots) -> tuple[np.ndarray, n
     return out, k_cache, v_cache
 
 
-@settings(max_examples=40, deadline=None)
-@given(problems(cache_dtypes=(np.float32,), head_sizes=EVEN_HEAD_SIZES))
-def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) -> None:
-    qkv, cos, sin, slots = step_of(problem)
-    expected, k_expected, v_expected = expected_step(problem, qkv, cos, sin, slots)
-    out = np.zeros(problem.query.shape, dtype=np.float32)
+def attend(out, qkv, cos, sin, slots, problem: Problem, keys_first: bool = False) -> None:
+    """The kernel on ``problem``'s caches, tables and lengths."""
     cpu_fused.rotary_decode_attention(
         out,
         qkv,
@@ -74,7 +70,17 @@ def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) 
         problem.context_lens,
         problem.query.shape[1],
         problem.scale,
+        keys_first,
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems(cache_dtypes=(np.float32,), head_sizes=EVEN_HEAD_SIZES))
+def test_rotary_decode_attention_matches_reference_in_float32(problem: Problem) -> None:
+    qkv, cos, sin, slots = step_of(problem)
+    expected, k_expected, v_expected = expected_step(problem, qkv, cos, sin, slots)
+    out = np.zeros(problem.query.shape, dtype=np.float32)
+    attend(out, qkv, cos, sin, slots, problem)
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(problem.k_cache, k_expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(problem.v_cache, v_expected)
@@ -99,20 +105,7 @@ def test_rows_of_one_sequence_attend_up_to_their_own_positions(problem: Problem,
         cache.reshape(-1, *cache.shape[2:])[slots] = GARBAGE
     expected, k_expected, v_expected = expected_step(verify, qkv, cos, sin, slots)
     out = np.zeros(verify.query.shape, dtype=np.float32)
-    cpu_fused.rotary_decode_attention(
-        out,
-        qkv,
-        cos,
-        sin,
-        verify.k_cache,
-        verify.v_cache,
-        slots,
-        verify.block_tables,
-        verify.context_lens,
-        verify.query.shape[1],
-        verify.scale,
-        keys_first=True,
-    )
+    attend(out, qkv, cos, sin, slots, verify, keys_first=True)
     np.testing.assert_allclose(out, expected, atol=1e-5, rtol=1e-4)
     np.testing.assert_allclose(verify.k_cache, k_expected, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(verify.v_cache, v_expected)
@@ -126,19 +119,7 @@ def test_rotary_decode_attention_in_bfloat16(problem: Problem) -> None:
     qkv, cos, sin = bfloat16_bits(qkv), bfloat16_bits(cos), bfloat16_bits(sin)
     expected, k_expected, v_expected = expected_step(problem, widen(qkv), widen(cos), widen(sin), slots)
     out = np.zeros(problem.query.shape, dtype=np.uint16)
-    cpu_fused.rotary_decode_attention(
-        out,
-        qkv,
-        cos,
-        sin,
-        problem.k_cache,
-        problem.v_cache,
-        slots,
-        problem.block_tables,
-        problem.context_lens,
-        problem.query.shape[1],
-        problem.scale,
-    )
+    attend(out, qkv, cos, sin, slots, problem)
     # RoPE rounds three times to bfloat16 (2**-8 relative each), attention once more
     np.testing.assert_allclose(widen(problem.k_cache), k_expected, atol=1e-2, rtol=2e-2)
     np.testing.assert_allclose(widen(out), expected, atol=5e-2, rtol=5e-2)
