@@ -22,11 +22,11 @@ A CPU step whose projections all run on the VNNI kernel
 up to its rows, and whose rows all continue cached sequences (decodes, and the
 tokens of steps that verify proposals: each such row attends like a decode,
 over its sequence up to its own position) runs each layer as one
-``hetero_kernels.cpu_layer`` call, the same kernels called from Numba. This computes a slightly different, more
-exact, function: the activations stay float32 between the kernels, whatever
-the model's dtype; only the cache keeps it. That kernel quantizes the
-activations to 16 bits per group, finer than bfloat16, so rounding them to
-bfloat16 first would only add error.
+``hetero_kernels.cpu_layer`` call, the same kernels called from Numba. This
+computes a slightly different, more exact, function: the activations stay
+float32 between the kernels, whatever the model's dtype; only the cache keeps
+it. That kernel quantizes the activations to 16 bits per group, finer than
+bfloat16, so rounding them to bfloat16 first would only add error.
 
 Figures are in ``docs/design/2026-11-26-cpu-fused-layers.md`` ("A decoder layer in
 one Numba call") and ``docs/design/2026-11-26-cpu-int4-linear-kernels.md``.
@@ -135,7 +135,7 @@ class FusedLayers:
         hidden = model.embedding.embed(input_ids).float()
         stream = kernel_array(hidden)
         if rows <= self.packed_rows and (continuing := continuing_rows(attention, rows)) is not None:
-            self._packed_decodes(stream, positions, attention, kv_caches, *continuing)
+            self._layers_in_one_call(stream, positions, attention, kv_caches, *continuing)
             return hidden
         cos, sin = (kernel_array(table.view(rows, -1)) for table in model.rope_tables(positions))
         # the inputs of each layer's projections, overwritten layer after layer
@@ -167,7 +167,7 @@ class FusedLayers:
                 kernels.rms_norm(stream, self.input_norms[i + 1], self.eps, x_out, kernel_array(down))
         return hidden
 
-    def _packed_decodes(
+    def _layers_in_one_call(
         self,
         stream: np.ndarray,
         positions: torch.Tensor,
