@@ -195,11 +195,8 @@ class TorchExecutor:
             kernels = fused_layers.fused_kernels(
                 self.attention, self.device, self.dtype, self.kv_cache_dtype, model_config
             )
-            # the most rows of a step whose layers each run as one call (0: none)
-            self._one_call_rows = 0
             if kernels is not None:
-                self.model.fused = fused = fused_layers.FusedLayers(self.model, kernels)
-                self._one_call_rows = fused.packed_rows
+                self.model.fused = fused_layers.FusedLayers(self.model, kernels)
         self.model_config = model_config
         self._info = ModelInfo(
             model_config.name, model_config.vocab_size, model_config.max_position_embeddings, model_config.eos_token_ids
@@ -249,7 +246,9 @@ class TorchExecutor:
         as it does a plain decoding step of as many sequences. At most
         :data:`~hetero_executor_torch.quantized.PACKED_MAX_ROWS`, so that a step of that many sequences
         carries no proposals."""
-        return min(PACKED_MAX_ROWS, self._one_call_rows or self.model.unwidened_rows())
+        fused = self.model.fused
+        one_call_rows = fused.packed_rows if isinstance(fused, fused_layers.FusedLayers) else 0
+        return min(PACKED_MAX_ROWS, one_call_rows or self.model.unwidened_rows())
 
     def kv_cache_block_bytes(self, block_size: int) -> int:
         config = self.model_config
