@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Protocol
 
 import attrs
@@ -102,7 +103,8 @@ def build_weights(
     dense_copy: bool = False,
 ) -> ModelWeights:
     """Read each weight once and hold it in ``weight_format``
-    (see :func:`~hetero_executor_torch.quantized.make_linear`)."""
+    (see :func:`~hetero_executor_torch.quantized.make_linear`). The layers are built on as many threads
+    as torch uses: repacking a file's blocks is numpy work, which runs outside the interpreter's lock."""
     weights = dict(weights)  # taken as the layers are built
     # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
     # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
@@ -119,7 +121,14 @@ def build_weights(
         tied = config.tie_word_embeddings or head is None
         lm_head = linear([embed if tied else head], None, table_format, table=tied)
         embedding = lm_head if tied else linear([embed], None, table_format, table=True)
-        layers = [Layer(weights, f"model.layers.{i}", config, linear) for i in range(config.num_layers)]
+        inference = torch.is_inference_mode_enabled()
+
+        def build_layer(i: int) -> Layer:
+            with torch.inference_mode(inference):  # the caller's mode, on the worker's thread
+                return Layer(weights, f"model.layers.{i}", config, linear)
+
+        with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+            layers = list(pool.map(build_layer, range(config.num_layers)))
     except KeyError as exc:
         raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
     for layer in layers:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -167,6 +169,20 @@ def test_numba_attention_is_refused_off_the_cpu(tiny_model) -> None:
     with pytest.raises(ConfigError, match="numba-cuda") as raised:
         TorchExecutor(EngineConfig(model=str(tiny_model)), dtype="float32", device="meta", attention="numba")
     assert raised.value.param == "attention"
+
+
+def test_a_model_lacking_a_layers_weight_is_refused_by_its_name(tiny_model, tmp_path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "incomplete"
+    shutil.copytree(tiny_model, folder)
+    (weights,) = folder.glob("*.safetensors")
+    tensors = load_file(weights)
+    del tensors["model.layers.1.mlp.down_proj.weight"]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="lacks the weight model.layers.1.mlp.down_proj.weight") as raised:
+        tiny_engine(folder)
+    assert raised.value.param == "model"
 
 
 def test_prompt_logprobs_do_not_depend_on_chunking_slicing_or_the_cache(tiny_model) -> None:
