@@ -16,6 +16,8 @@ from hetero_executor_torch.loading import Loaders
 from hetero_executor_torch.model_config import ModelConfig
 from hetero_executor_torch.quantized import PACKED_MAX_ROWS, Linear, PackedLinear, Weight, concat, make_linear
 
+BUILD_THREADS = 4  # the most layers built at once: each holds its intermediates (hundreds of MB at 3B)
+
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     half = config.head_size // 2
@@ -104,7 +106,8 @@ def build_weights(
 ) -> ModelWeights:
     """Read each weight once and hold it in ``weight_format``
     (see :func:`~hetero_executor_torch.quantized.make_linear`). The layers are built on as many threads
-    as torch uses: repacking a file's blocks is numpy work, which runs outside the interpreter's lock."""
+    as torch uses, up to :data:`BUILD_THREADS`: repacking a file's blocks is numpy work, which runs
+    outside the interpreter's lock."""
     weights = dict(weights)  # taken as the layers are built
     # auto keeps what the file holds exactly (a Q8_0 embedding / head whole, or as two int4 halves); int4 and int8
     # hold the embedding / head per-row int8 (groups of 4 bits cost too much agreement there)
@@ -127,7 +130,7 @@ def build_weights(
             with torch.inference_mode(inference):  # the caller's mode, on the worker's thread
                 return Layer(weights, f"model.layers.{i}", config, linear)
 
-        with ThreadPoolExecutor(max_workers=torch.get_num_threads()) as pool:
+        with ThreadPoolExecutor(max_workers=min(BUILD_THREADS, torch.get_num_threads())) as pool:
             layers = list(pool.map(build_layer, range(config.num_layers)))
     except KeyError as exc:
         raise ConfigError(f"model {config.name!r} lacks the weight {exc.args[0]}", param="model") from exc
