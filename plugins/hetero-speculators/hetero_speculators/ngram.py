@@ -15,9 +15,18 @@ copied one (a renamed function), or one more token (a record rewritten over
 several lines: a line break before each field); the copy goes on after the
 replaced token, or at the one the inserted token went before (and past a
 token the model left out). Which of the first two, each sequence learns from
-its own edits: it starts with the first, and changes its guess when a
-proposal after an edit is turned down at once. A copy turned down at once
+its own edits: it starts with the first, and where a proposal after an edit
+is turned down at once, the model's next token tells which it was (the
+copied token after the edit's: an insertion; the one after that: a
+replacement) and the copy goes on from there. A copy turned down at once
 otherwise was a wrong guess: the next proposal looks its suffix up again.
+
+An edit the model made and kept to is remembered, keyed by the two copied
+tokens it came between (or the copied token before the replaced one and
+that one), and applied wherever a later copy passes the same pair: a
+record rewritten one field a line gets its line break proposed before
+every field after the first, a renamed function its new name at every
+call. An applied edit the model turns down is forgotten.
 
 How many it proposes adapts per sequence: after a step that kept every
 proposal the bound grows by 2 (up to ``k``), after one that kept some it
@@ -77,6 +86,21 @@ class _SequenceState:
     found: int = LOOKED_UP  # how that source was found
     resume: int = -1  # where the copy goes on: the source of the model's latest token, -1: nowhere
     inserts: bool = False  # the model's edits insert a token (the copy goes on at it), or replace one
+    origins: list[int] = attrs.field(factory=list)  # the latest proposal's: each token's position, then the next
+    applied: dict[int, tuple[int, int]] = attrs.field(factory=dict)  # the latest proposal's remembered edits, by index
+    edit: _Edit | None = None  # the edit the latest proposal went on after, while unconfirmed
+    retry: int = -1  # where an edit was guessed the wrong kind: the model's next token tells which it was
+    edits: dict[tuple[int, int], tuple[int, bool]] = attrs.field(factory=dict)  # (before, at) -> (token, inserts)
+
+
+@attrs.frozen
+class _Edit:
+    """The model's ``token`` where a copy had the one at ``position``: inserted before it, or in its place."""
+
+    position: int
+    key: tuple[int, int]  # the copied tokens at ``position - 1`` and ``position``
+    token: int
+    inserts: bool
 
 
 class NgramSpeculator:
@@ -116,12 +140,16 @@ class NgramSpeculator:
             state.bound = min(self.k, state.bound + GROWTH)
         else:
             state.bound = max(MIN_BOUND, num_accepted + 1)
+        edit, state.edit = state.edit, None
+        if edit is not None and num_accepted:
+            state.edits[edit.key] = (edit.token, edit.inserts)
+        if num_accepted < num_proposed and num_accepted in state.applied:  # a remembered edit not made this time
+            state.edits.pop(state.applied[num_accepted], None)
         if num_accepted or state.found == CONTINUED:  # a copy that held, or an edit at its first token
-            state.resume = state.source + num_accepted if state.source >= 0 else -1
-        else:  # a wrong source: the next proposal looks the suffix up
+            state.resume = state.origins[num_accepted] if state.source >= 0 else -1
+        else:  # a wrong source: the next proposal looks the suffix up, unless an edit was guessed the wrong kind
             state.resume = -1
-            if state.found == AFTER_EDIT:
-                state.inserts = not state.inserts
+            state.retry = edit.position if edit is not None else -1
         if num_accepted:
             state.failures, state.next_pause = 0, FIRST_PAUSE
             return
@@ -143,18 +171,26 @@ class NgramSpeculator:
         tokens = request.token_ids
         self._index(state, tokens)
         resume, state.resume, state.source, state.found = state.resume, -1, -1, LOOKED_UP
+        retry, state.retry, state.edit = state.retry, -1, None
         if state.pause:
             state.pause -= 1
             return []
         count = len(tokens)
         start = -1
-        if 0 <= resume < count - 1:
+        if 1 <= retry < count - 2 and tokens[-1] in (tokens[retry], tokens[retry + 1]):
+            # the token after the edit's is the copied one (an insertion) or the one after it (a replacement)
+            state.inserts = tokens[-1] == tokens[retry]
+            state.edits[(tokens[retry - 1], tokens[retry])] = (tokens[-2], state.inserts)
+            start, state.found = (retry + 1 if state.inserts else retry + 2), CONTINUED
+        elif 0 <= resume < count - 1:
             if tokens[resume] == tokens[-1]:
                 start, state.found = resume + 1, CONTINUED
             elif tokens[resume + 1] == tokens[-1]:  # a token left out
                 start, state.found = resume + 2, CONTINUED
             else:
                 start, state.found = resume + (not state.inserts), AFTER_EDIT
+                if resume >= 1:
+                    state.edit = _Edit(resume, (tokens[resume - 1], tokens[resume]), tokens[-1], state.inserts)
         else:
             for n in range(min(self.max_ngram, count - 1), self.min_ngram - 1, -1):
                 start = state.ends.get(tuple(tokens[count - n :]), -1)
@@ -163,7 +199,35 @@ class NgramSpeculator:
         if start < 0:
             return []
         state.source = start
-        return list(tokens[start : start + min(state.bound, request.max_proposals)])
+        return self._copy(state, tokens, start, min(state.bound, request.max_proposals))
+
+    @staticmethod
+    def _copy(state: _SequenceState, tokens: list[int], start: int, limit: int) -> list[int]:
+        """Up to ``limit`` tokens copied from ``start`` on, with the remembered edits applied on the way (not the
+        one just made, at ``start`` after an edit); each token's position goes to ``state.origins``."""
+        proposal: list[int] = []
+        origins: list[int] = []
+        applied: dict[int, tuple[int, int]] = {}
+        position = start
+        while len(proposal) < limit and position < len(tokens):
+            key = (tokens[position - 1], tokens[position]) if position >= 1 else None
+            edit = None if position == start and state.edit else state.edits.get(key)
+            if edit is not None:
+                token, inserts = edit
+                applied[len(proposal)] = key
+                proposal.append(token)
+                origins.append(position)
+                if not inserts:  # in place of the copied token
+                    position += 1
+                    continue
+                if len(proposal) == limit:
+                    break
+            proposal.append(tokens[position])
+            origins.append(position)
+            position += 1
+        origins.append(position)
+        state.origins, state.applied = origins, applied
+        return proposal
 
     def _index(self, state: _SequenceState, tokens: list[int]) -> None:
         """Index the n-grams ending before the last position (the suffix looked up must occur earlier)."""

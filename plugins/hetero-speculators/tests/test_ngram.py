@@ -63,7 +63,7 @@ def test_the_bound_adapts_and_failures_pause_proposals() -> None:
     assert propose(speculator, [*tokens, 1]) == [2, 3, 40]
 
 
-def test_after_an_edit_the_copy_goes_on_and_each_sequence_learns_which_edit() -> None:
+def test_after_an_edit_the_copy_goes_on_and_the_next_token_tells_which_edit() -> None:
     speculator = NgramSpeculator(k=4, min_ngram=2, max_ngram=2)
     # a record copied over several lines: a line break (9) before each field the prompt separates with 8
     tokens = [8, 1, 2, 8, 3, 4, 8, 5, 6, 8, 7, 7, 0, 1, 2]
@@ -71,20 +71,37 @@ def test_after_an_edit_the_copy_goes_on_and_each_sequence_learns_which_edit() ->
     speculator.observe(0, 4, 3)  # three kept, then the model wrote 9 before 8: taken as 9 in place of 8 first
     tokens += [8, 3, 4, 9]
     assert propose(speculator, tokens) == [5, 6, 8, 7]
-    speculator.observe(0, 4, 0)  # wrong: the copy breaks off, and this sequence's edits now insert
+    speculator.observe(0, 4, 0)  # wrong: the model wrote the 8 that 9 was taken to replace
     tokens += [8]
-    assert propose(speculator, tokens) == []  # "9 8" occurred nowhere before
-    tokens += [5]
-    assert propose(speculator, tokens) == [6, 8, 7]  # the suffix "8 5", looked up (3: the bound's floor)
-    speculator.observe(0, 3, 1)  # the model wrote 9 again
-    tokens += [6, 9]
-    assert propose(speculator, tokens) == [8, 7, 7]  # at the token 9 went before
+    assert propose(speculator, tokens) == [5, 6, 8]  # 9 went before it: the copy goes on after it
+    speculator.observe(0, 3, 2)  # the model wrote 9 again, before the next 8
+    tokens += [5, 6, 9]
+    assert propose(speculator, tokens) == [8, 7, 7]  # this sequence's edits insert: at the token 9 went before
     # a token left out: the copy goes on past it
     speculator = NgramSpeculator(k=3, min_ngram=2, max_ngram=2)
     tokens = [1, 2, 3, 4, 5, 6, 0, 1, 2]
     assert propose(speculator, tokens, seq_id=1) == [3, 4, 5]
     speculator.observe(1, 3, 1)
     assert propose(speculator, [*tokens, 3, 5], seq_id=1) == [6, 0, 1]
+
+
+def test_an_edit_the_model_kept_to_is_applied_to_later_copies_until_it_is_turned_down() -> None:
+    speculator = NgramSpeculator(k=6, min_ngram=2, max_ngram=2)
+    # a list whose items (1 to 5) each follow the tokens 8 7; the model writes each on a line of its own: 8 9 7
+    tokens = [20, 7, 1, 8, 7, 2, 8, 7, 3, 8, 7, 4, 8, 7, 5, 21, 20, 7]
+    assert propose(speculator, tokens) == [1, 8, 7, 2, 8, 7]
+    speculator.observe(0, 6, 2)  # 1 8 kept, then the model wrote 9
+    tokens += [1, 8, 9]
+    assert propose(speculator, tokens) == [2, 8, 7]  # taken as 9 in place of 7 first
+    speculator.observe(0, 3, 0)
+    tokens += [7]  # it went before 7: remembered between 8 and 7
+    assert propose(speculator, tokens) == [2, 8, 9]  # the bound is 3
+    speculator.observe(0, 3, 3)
+    tokens += [2, 8, 9, 7]
+    assert propose(speculator, tokens) == [3, 8, 9, 7, 4]
+    speculator.observe(0, 5, 2)  # this time the model wrote 7 after 8: the edit is forgotten
+    tokens += [3, 8, 7]
+    assert propose(speculator, tokens) == [4, 8, 7]
 
 
 def test_options_are_checked_by_name() -> None:
