@@ -21,12 +21,12 @@ copied token after the edit's: an insertion; the one after that: a
 replacement) and the copy goes on from there. A copy turned down at once
 otherwise was a wrong guess: the next proposal looks its suffix up again.
 
-An edit the model made and kept to is remembered, keyed by the two copied
-tokens it came between (or the copied token before the replaced one and
-that one), and applied wherever a later copy passes the same pair: a
-record rewritten one field a line gets its line break proposed before
-every field after the first, a renamed function its new name at every
-call. An applied edit the model turns down is forgotten.
+An edit the model made and kept to is remembered under two copied tokens:
+the one before it and the one it went before or replaced. Wherever a later
+copy passes the same two, the edit is applied: a record rewritten one field
+a line gets its line break proposed before every field after the first, a
+renamed function its new name at every call. An applied edit the model
+turns down is forgotten.
 
 How many it proposes adapts per sequence: after a step that kept every
 proposal the bound grows by 2 (up to ``k``), after one that kept some it
@@ -211,7 +211,7 @@ class NgramSpeculator:
         position = start
         while len(proposal) < limit and position < len(tokens):
             key = (tokens[position - 1], tokens[position]) if position >= 1 else None
-            edit = None if position == start and state.edit else state.edits.get(key)
+            edit = None if position == start and state.edit is not None else state.edits.get(key)
             if edit is not None:
                 token, inserts = edit
                 applied[len(proposal)] = key
