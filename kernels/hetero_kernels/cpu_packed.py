@@ -93,6 +93,7 @@ def form_of(unsigned: bool, stored: int) -> tuple[int, int]:
 
 LIMIT = np.float32(32639.0)  # the largest |v|: 256 * 127 + 127, so that its high byte stays signed
 SMALLEST_STEP = np.float32(1e-30)  # finer steps would overflow their inverse
+PARALLEL_QUANTIZE_FROM = 8192  # activation values from which quantize_rows shares its rows among the threads
 _OPTIONS = dict(fastmath=True, cache=True)
 
 
@@ -226,35 +227,64 @@ def _six_bit(q: np.ndarray, group: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([nibbles, crumbs], axis=2))
 
 
+@njit(inline="always")
+def _largest(values):
+    """The largest ``|v|`` of a group of :data:`GROUP_SIZE` values, over eight running maxima: one would chain
+    every comparison to the one before it."""
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    for j in range(0, GROUP_SIZE, 8):
+        a0, a1 = max(a0, abs(get(values, j))), max(a1, abs(get(values, j + 1)))
+        a2, a3 = max(a2, abs(get(values, j + 2))), max(a3, abs(get(values, j + 3)))
+        a4, a5 = max(a4, abs(get(values, j + 4))), max(a5, abs(get(values, j + 5)))
+        a6, a7 = max(a6, abs(get(values, j + 6))), max(a7, abs(get(values, j + 7)))
+    return max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+
+
+@njit(inline="always")
+def _quantize_row(x, t, group, high, low, token_factors):
+    """Row ``t`` of :func:`quantize_rows`. Each loop indexes a slice from 0, so that LLVM knows no index
+    wraps around and vectorises it."""
+    row, row_high, row_low = x[t], high[t], low[t]
+    for g in range(x.shape[1] // GROUP_SIZE):
+        start = g * GROUP_SIZE
+        largest = _largest(row[start : start + GROUP_SIZE])
+        if largest < SMALLEST_STEP * LIMIT:
+            largest = np.float32(0.0)  # such a group weighs nothing next to float32 rounding
+        step = largest / LIMIT
+        inverse = LIMIT / largest if largest > 0 else np.float32(0.0)
+        for first in range(start, start + GROUP_SIZE, group):
+            values = row[first : first + group]
+            part_high, part_low = row_high[first : first + group], row_low[first : first + group]
+            total = 0
+            for j in range(group):
+                v = np.int32(np.rint(get(values, j) * inverse))
+                below = ((v + 128) & 255) - 128
+                part_high[j], part_low[j] = np.int8((v - below) >> 8), np.int8(below)
+                total += v
+            token_factors[t, first // group, 0] = step
+            token_factors[t, first // group, 1] = step * np.float32(total)
+
+
+@njit(parallel=True, **_OPTIONS)
+def _quantize_in_parallel(x, group, high, low, token_factors):
+    for t in prange(x.shape[0]):
+        _quantize_row(x, t, group, high, low, token_factors)
+
+
 @njit(**_OPTIONS)
 def quantize_rows(x, group):
     """Activation rows ``x`` ``[T, in]`` (float32 or bfloat16 bits) as ``v = 256 * high + low`` per group of
     32, ``high`` and ``low`` signed bytes ``[T, in]``, with ``token_factors`` ``[T, in // group, 2]``: for
     each group of ``group`` inputs (32 or 16), its step (that of the group of 32 it lies in), then the
-    step times the sum of its ``v``."""
+    step times the sum of its ``v``. Rows go to the threads from :data:`PARALLEL_QUANTIZE_FROM` values."""
     rows, size = x.shape
     high, low = np.empty((rows, size), np.int8), np.empty((rows, size), np.int8)
     token_factors = np.empty((rows, size // group, 2), np.float32)
-    for t in range(rows):
-        for g in range(size // GROUP_SIZE):
-            start = g * GROUP_SIZE
-            largest = np.float32(0.0)
-            for j in range(start, start + GROUP_SIZE):
-                largest = max(largest, abs(get(x[t], j)))
-            if largest < SMALLEST_STEP * LIMIT:
-                largest = np.float32(0.0)  # such a group weighs nothing next to float32 rounding
-            step = largest / LIMIT
-            inverse = LIMIT / largest if largest > 0 else np.float32(0.0)
-            for part in range(GROUP_SIZE // group):
-                total = 0
-                for j in range(start + part * group, start + (part + 1) * group):
-                    v = np.int32(np.rint(get(x[t], j) * inverse))
-                    below = ((v + 128) & 255) - 128
-                    high[t, j], low[t, j] = np.int8((v - below) >> 8), np.int8(below)
-                    total += v
-                index = (start + part * group) // group
-                token_factors[t, index, 0] = step
-                token_factors[t, index, 1] = step * np.float32(total)
+    if rows > 1 and rows * size >= PARALLEL_QUANTIZE_FROM:
+        _quantize_in_parallel(x, group, high, low, token_factors)
+    else:
+        for t in range(rows):
+            _quantize_row(x, t, group, high, low, token_factors)
     return high, low, token_factors
 
 
