@@ -76,6 +76,30 @@ def test_groups_too_small_for_a_finite_inverse_step_count_as_zero(bits: int, gro
     assert np.all(np.abs(out - x.astype(np.float64) @ weights.exact.T) <= bound(x, weights))
 
 
+@pytest.mark.parametrize("group", [GROUP, cpu_packed.FINE_GROUP_SIZE])
+@pytest.mark.parametrize("bfloat16", [False, True])
+def test_rows_quantized_on_the_threads_are_each_rows_own_and_give_it_back(group: int, bfloat16: bool) -> None:
+    """A step of ``PARALLEL_QUANTIZE_FROM`` activation values or more quantizes its rows on the threads: each
+    row's bytes and factors are those it gets alone, ``step * v`` is the row within half a step and the step's
+    own rounding, and the second factor is the step times the group's sum of ``v``."""
+    rng = np.random.default_rng(2)
+    size = 18 * GROUP
+    tokens = -(-cpu_packed.PARALLEL_QUANTIZE_FROM // size) + 3
+    x = activations(rng, tokens, size, 1.0)
+    x = bfloat16_bits(x) if bfloat16 else x
+    quantized = cpu_packed.quantize_rows(x, group)
+    for t in range(tokens):
+        for rows, alone in zip(quantized, cpu_packed.quantize_rows(x[t : t + 1], group), strict=True):
+            np.testing.assert_array_equal(rows[t], alone[0])
+    high, low, factors = quantized
+    values = high.astype(np.int64) * 256 + low
+    assert np.all(np.abs(values) <= cpu_packed.LIMIT)
+    steps = np.repeat(factors[:, :, 0].astype(np.float64), group, axis=1)
+    assert np.all(np.abs(widen(x) - steps * values) <= (0.5 + 2.0**-7) * steps)
+    sums = values.reshape(tokens, -1, group).sum(-1)
+    np.testing.assert_allclose(factors[:, :, 1], factors[:, :, 0].astype(np.float64) * sums, rtol=2.0**-23)
+
+
 def rounded_once(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     """float32 ``a * b + c`` with one rounding (a fused multiply-add) for float32 ``b`` and ``c`` and small integers
     ``a``: the product is exact in float64; the sum is rounded to odd there (its last bit set where inexact),
