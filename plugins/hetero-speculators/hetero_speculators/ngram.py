@@ -82,11 +82,10 @@ class _SequenceState:
     failures: int = 0  # steps in a row that kept nothing
     pause: int = 0  # steps left without proposals
     next_pause: int = FIRST_PAUSE
-    source: int = -1  # where the latest proposal was copied from (its first token's position), -1: none
-    found: int = LOOKED_UP  # how that source was found
+    found: int = LOOKED_UP  # how the latest proposal's source was found
     resume: int = -1  # where the copy goes on: the source of the model's latest token, -1: nowhere
     inserts: bool = False  # the model's edits insert a token (the copy goes on at it), or replace one
-    origins: list[int] = attrs.field(factory=list)  # the latest proposal's: each token's position, then the next
+    origins: list[int] = attrs.field(factory=list)  # the latest proposal's token positions, then the next; [] if none
     applied: dict[int, tuple[int, int]] = attrs.field(factory=dict)  # the latest proposal's remembered edits, by index
     edit: _Edit | None = None  # the edit the latest proposal went on after, while unconfirmed
     retry: int = -1  # where an edit was guessed the wrong kind: the model's next token tells which it was
@@ -146,7 +145,7 @@ class NgramSpeculator:
         if num_accepted < num_proposed and num_accepted in state.applied:  # a remembered edit not made this time
             state.edits.pop(state.applied[num_accepted], None)
         if num_accepted or state.found == CONTINUED:  # a copy that held, or an edit at its first token
-            state.resume = state.origins[num_accepted] if state.source >= 0 else -1
+            state.resume = state.origins[num_accepted] if state.origins else -1
         else:  # a wrong source: the next proposal looks the suffix up, unless an edit was guessed the wrong kind
             state.resume = -1
             state.retry = edit.position if edit is not None else -1
@@ -170,7 +169,8 @@ class NgramSpeculator:
             state = self._states[request.seq_id] = _SequenceState(bound=self.k)
         tokens = request.token_ids
         self._index(state, tokens)
-        resume, state.resume, state.source, state.found = state.resume, -1, -1, LOOKED_UP
+        resume, state.resume, state.found = state.resume, -1, LOOKED_UP
+        state.origins, state.applied = [], {}
         retry, state.retry, state.edit = state.retry, -1, None
         if state.pause:
             state.pause -= 1
@@ -198,7 +198,6 @@ class NgramSpeculator:
                     break
         if start < 0:
             return []
-        state.source = start
         return self._copy(state, tokens, start, min(state.bound, request.max_proposals))
 
     @staticmethod
