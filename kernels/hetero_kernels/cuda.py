@@ -2,26 +2,39 @@
 
 A thread block serves one KV head and the query heads that share it (up to
 ``MAX_GROUP`` of them, so every key and value is read once per group) over a
-chunk of context positions:
+range of context positions, in one pass with an online softmax:
 
-1. scores: ``LANES_PER_KEY`` neighbouring threads share one position's key
-   row (each reads every ``LANES_PER_KEY``-th dimension, so a warp reads a few
-   whole rows at once), and their partial dot products are summed through
-   shared memory;
-2. the chunk's maximum and exp-sum per head, by tree reductions;
-3. values: ``ROW_LANES`` threads (a warp) share one position's value row, a
-   dimension or more each, coalesced; ``ROWS_AT_ONCE`` rows go at once, and
-   their partial sums are added in shared memory.
+- ``LANES_PER_ROW`` neighbouring threads (a *row group*) share a key or value
+  row. The cache is read in 32-bit words (two 16-bit elements, or one
+  float32), lane ``l`` taking words ``l, l + LANES_PER_ROW, ...``, so a warp's
+  load covers whole 32-byte sectors of ``32 / LANES_PER_ROW`` rows;
+- the block's row groups take consecutive positions; each loads
+  ``ROWS_PER_STEP`` key rows and as many value rows before using any (the
+  loads are in flight together), sums its partial dot products by shuffles
+  within the row group, then updates its running maximum, exp-sum and
+  weighted value sums, which stay in registers with the queries;
+- at the end the row groups' states merge, by shuffles within a warp, then
+  through shared memory across warps.
 
-Each thread walks its positions block by block (no division per position).
+The kernels are specialised per launch (compile-time constants): the heads a
+block serves, the words each lane reads of a row, and how a word holds its
+elements, so every per-thread array has a constant size and stays in
+registers. Positions advance block by block (no division per position), with
+unsigned indices in the inner loops.
+
+A float16 word is widened with integer operations: its halves' bits, shifted
+into a float32's, are the value times 2**-112 (exactly, subnormals too), and
+the finished dot product, or the softmax weight that multiplies the value, is
+scaled back by 2**112. Infinities and NaNs in a float16 cache read as large
+finite numbers.
 
 Decode is split-K ("flash-decoding"): a block per (sequence, head group,
 chunk), and a second kernel merges the chunks. The chunk length is chosen per
 launch from the batch and the block-table width (never from the lengths'
 values, so a captured graph stays valid): short enough that a small batch
 still spreads over the GPU's multiprocessors, at most ``TOKENS_PER_SPLIT``.
-Prefill gives a block to each (query token, head group) and folds its chunks
-together with an online softmax.
+Prefill gives a block to each (query token, head group), over every position
+the token sees.
 
 Inputs may be numba device arrays, numpy arrays (copied by numba) or torch
 CUDA tensors (launched on torch's current stream, scratch from torch's
@@ -32,8 +45,9 @@ output is rounded to nearest even. ``context_lens`` must be at least 1, and
 ``block_tables`` wide enough for the longest context (its width bounds the
 number of decode chunks, so no length needs to be read back to the host).
 
-The module constants are read when a kernel is compiled (on the simulator,
-when it runs): change them before the first launch.
+On Numba's CUDA simulator the shuffles are exchanges through shared memory.
+The module constants are read when a kernel is compiled: change them (with
+:func:`configure`) before the first launch.
 """
 
 from __future__ import annotations
@@ -41,49 +55,43 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, uint64
+from numba import config as numba_config
+from numba import cuda, float32, int32, uint32, uint64
 
 from hetero_kernels.cuda_elements import narrow, widen
 from hetero_kernels.cuda_interop import LaunchContext, configured, device_array
 
 TILE = 128  # threads per block (a power of two)
-TOKENS_PER_SPLIT = 256  # the longest chunk of context positions
+LANES_PER_ROW = 8  # threads sharing a key or value row (a power of two, at most a warp)
+ROWS_PER_STEP = 4  # rows each row group loads before using them
+TOKENS_PER_SPLIT = 256  # the longest decode chunk of context positions
 MIN_TOKENS_PER_SPLIT = 64  # the shortest chunk a decode launch picks
-LANES_PER_KEY = 4  # threads sharing one key row in the score pass
-ROW_LANES = 32  # threads sharing one value row in the value pass (a warp)
 MAX_GROUP = 4  # query heads per block (more share a KV head: several blocks serve them)
 MAX_HEAD_SIZE = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per thread block
 BLOCKS_PER_MULTIPROCESSOR = 2  # decode chunks are shortened until the grid has this many blocks per SM
+WARP_SIZE = 32
 
-# Shared and local array sizes must be single compile-time constants: kept in step by configure().
-ROWS_AT_ONCE = TILE // ROW_LANES
-KEYS_AT_ONCE = TILE // LANES_PER_KEY
-DIMS_PER_LANE = -(-MAX_HEAD_SIZE // ROW_LANES)
-_QUERY_SIZE = MAX_GROUP * MAX_HEAD_SIZE
-_SCORES_SIZE = MAX_GROUP * TOKENS_PER_SPLIT
-_SCRATCH_SIZE = MAX_GROUP * TILE
-_STATS_SIZE = 2 * MAX_GROUP
-_ROWS_SIZE = ROWS_AT_ONCE * _QUERY_SIZE
-_ACC_SIZE = MAX_GROUP * DIMS_PER_LANE
+HALF_UNSCALE = float(2.0**112)  # a float16's bits shifted into a float32's are its value times 2**-112
 
 
-def _prefill_shared_bytes(tile: int, tokens_per_split: int, row_lanes: int, max_group: int, max_head_size: int) -> int:
-    """The prefill kernel's shared arrays (the decode kernel's are a subset), in bytes."""
-    rows_at_once = tile // row_lanes
-    floats = (
-        (2 + rows_at_once) * max_group * max_head_size + max_group * tokens_per_split + max_group * tile + 4 * max_group
-    )
-    return 4 * floats
+def _warp_lanes(tile: int) -> int:
+    return min(WARP_SIZE, tile)
+
+
+def _shared_bytes(tile: int, max_group: int, max_head_size: int) -> int:
+    """The kernels' shared arrays, in bytes: each warp's merged state, and the simulator's exchange slots."""
+    warps = tile // _warp_lanes(tile)
+    return 4 * (warps * max_group * (max_head_size + 2) + tile)
 
 
 def configure(
     *,
     tile: int | None = None,
+    lanes_per_row: int | None = None,
+    rows_per_step: int | None = None,
     tokens_per_split: int | None = None,
     min_tokens_per_split: int | None = None,
-    lanes_per_key: int | None = None,
-    row_lanes: int | None = None,
     max_group: int | None = None,
     max_head_size: int | None = None,
 ) -> None:
@@ -91,220 +99,327 @@ def configure(
 
     Only before the first launch: on a GPU the constants are compiled into the kernels.
     """
-    global TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY, ROW_LANES, MAX_GROUP, MAX_HEAD_SIZE
-    global \
-        ROWS_AT_ONCE, \
-        KEYS_AT_ONCE, \
-        DIMS_PER_LANE, \
-        _QUERY_SIZE, \
-        _SCORES_SIZE, \
-        _SCRATCH_SIZE, \
-        _STATS_SIZE, \
-        _ROWS_SIZE, \
-        _ACC_SIZE
-    if any(
-        getattr(kernel, "overloads", None)
-        for kernel in (_decode_split_kernel, _merge_splits_kernel, _prefill_kernel, _write_kv_kernel)
-    ):
+    global TILE, LANES_PER_ROW, ROWS_PER_STEP, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, MAX_GROUP, MAX_HEAD_SIZE
+    if _KERNELS or getattr(_merge_splits_kernel, "overloads", None) or getattr(_write_kv_kernel, "overloads", None):
         raise RuntimeError("hetero_kernels.cuda.configure() must run before the first kernel launch")
     tile = TILE if tile is None else tile
+    lanes_per_row = LANES_PER_ROW if lanes_per_row is None else lanes_per_row
+    rows_per_step = ROWS_PER_STEP if rows_per_step is None else rows_per_step
     tokens_per_split = TOKENS_PER_SPLIT if tokens_per_split is None else tokens_per_split
     min_tokens_per_split = MIN_TOKENS_PER_SPLIT if min_tokens_per_split is None else min_tokens_per_split
-    lanes_per_key = LANES_PER_KEY if lanes_per_key is None else lanes_per_key
-    row_lanes = min(ROW_LANES, tile) if row_lanes is None else row_lanes
     max_group = MAX_GROUP if max_group is None else max_group
     max_head_size = MAX_HEAD_SIZE if max_head_size is None else max_head_size
     if tile < 1 or tile > 1024 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two up to 1024 (threads per block), got {tile}")
-    if lanes_per_key < 1 or tile % lanes_per_key:
-        raise ValueError(f"lanes_per_key must divide the tile ({tile} threads), got {lanes_per_key}")
-    if row_lanes < 1 or tile % row_lanes:
-        raise ValueError(f"row_lanes must divide the tile ({tile} threads), got {row_lanes}")
+    if lanes_per_row < 1 or lanes_per_row & (lanes_per_row - 1) or lanes_per_row > _warp_lanes(tile):
+        raise ValueError(
+            f"lanes_per_row must be a power of two up to {_warp_lanes(tile)} (a warp of the tile), got {lanes_per_row}"
+        )
+    if tile < WARP_SIZE and not numba_config.ENABLE_CUDASIM:
+        raise ValueError(f"on a GPU the tile must be at least a warp ({WARP_SIZE} threads), got {tile}")
+    if rows_per_step < 1:
+        raise ValueError(f"rows_per_step must be at least 1, got {rows_per_step}")
     if not 1 <= min_tokens_per_split <= tokens_per_split:
         raise ValueError(
             f"min_tokens_per_split must be between 1 and tokens_per_split ({tokens_per_split}),"
             f" got {min_tokens_per_split}"
         )
-    shared = _prefill_shared_bytes(tile, tokens_per_split, row_lanes, max_group, max_head_size)
+    shared = _shared_bytes(tile, max_group, max_head_size)
     if shared > MAX_SHARED_BYTES:
         raise ValueError(
             f"this launch shape needs {shared} bytes of shared memory per block; the limit is {MAX_SHARED_BYTES}"
         )
-    TILE, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, LANES_PER_KEY = (
-        tile,
+    TILE, LANES_PER_ROW, ROWS_PER_STEP = tile, lanes_per_row, rows_per_step
+    TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, MAX_GROUP, MAX_HEAD_SIZE = (
         tokens_per_split,
         min_tokens_per_split,
-        lanes_per_key,
+        max_group,
+        max_head_size,
     )
-    ROW_LANES, MAX_GROUP, MAX_HEAD_SIZE = row_lanes, max_group, max_head_size
-    ROWS_AT_ONCE, KEYS_AT_ONCE, DIMS_PER_LANE = TILE // ROW_LANES, TILE // LANES_PER_KEY, -(-MAX_HEAD_SIZE // ROW_LANES)
-    _QUERY_SIZE, _SCORES_SIZE, _SCRATCH_SIZE, _STATS_SIZE = (
-        MAX_GROUP * MAX_HEAD_SIZE,
-        MAX_GROUP * TOKENS_PER_SPLIT,
-        MAX_GROUP * TILE,
-        2 * MAX_GROUP,
-    )
-    _ROWS_SIZE, _ACC_SIZE = ROWS_AT_ONCE * _QUERY_SIZE, MAX_GROUP * DIMS_PER_LANE
 
 
-# ---------------------------------------------------------------------- device functions
+# ---------------------------------------------------------------------- lane exchanges and words
 
+if numba_config.ENABLE_CUDASIM:
 
-@cuda.jit(device=True)
-def _tree_reduce(values, num_heads, tid, use_max):
-    """Reduce ``values[g * TILE : (g + 1) * TILE]`` into ``values[g * TILE]`` for each head ``g``."""
-    stride = TILE // 2
-    while stride > 0:
-        if tid < stride:
-            for g in range(num_heads):
-                a = values[g * TILE + tid]
-                b = values[g * TILE + tid + stride]
-                values[g * TILE + tid] = max(a, b) if use_max else a + b
+    @cuda.jit(device=True)
+    def _exchange(value, mask, slots, tid):
+        """The value of thread ``tid ^ mask`` (the simulator has no shuffles: through shared memory)."""
         cuda.syncthreads()
-        stride //= 2
-
-
-@cuda.jit(device=True)
-def _chunk_scores(q_shared, k_cache, table, kv_head, start, count, scores, scratch, tid):
-    """``scores[g * TOKENS_PER_SPLIT + t]`` = query ``g`` . key of position ``start + t``, for ``t < count``
-    and every query row (rows past the group's heads hold zero queries).
-
-    The inner loop indexes with unsigned integers: numba adds a negative-index
-    wraparound to every signed index, which would cost more than the arithmetic.
-    """
-    block_size = k_cache.shape[1]
-    head_size, head = uint64(k_cache.shape[3]), uint64(kv_head)
-    lane, slot = tid % LANES_PER_KEY, tid // LANES_PER_KEY
-    dots = cuda.local.array(MAX_GROUP, float32)
-    position = start + slot
-    block_index, offset = position // block_size, position % block_size
-    for first in range(0, count, KEYS_AT_ONCE):
-        for g in range(MAX_GROUP):
-            dots[g] = 0.0
-        if first + slot < count:
-            block, row = uint64(table[block_index]), uint64(offset)
-            dim = uint64(lane)
-            while dim < head_size:
-                key = widen(k_cache[block, row, head, dim])
-                for g in range(MAX_GROUP):
-                    dots[g] += q_shared[dim + uint64(g * MAX_HEAD_SIZE)] * key
-                dim += uint64(LANES_PER_KEY)
-        for g in range(MAX_GROUP):
-            scratch[g * TILE + tid] = dots[g]
+        slots[tid] = value
         cuda.syncthreads()
-        if lane == 0 and first + slot < count:
-            for g in range(MAX_GROUP):
-                total = float32(0.0)
-                for other in range(LANES_PER_KEY):
-                    total += scratch[g * TILE + tid + other]
-                scores[g * TOKENS_PER_SPLIT + first + slot] = total
+        return slots[tid ^ mask]
+
+    @cuda.jit(device=True)
+    def _fast_exp(x):
+        return math.exp(x)
+
+    @cuda.jit(device=True)
+    def _as_float(bits):
+        return np.array([bits & 0xFFFFFFFF], dtype=np.uint32).view(np.float32)[0]
+
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def _exchange(value, mask, slots, tid):
+        """The value of thread ``tid ^ mask``, within its warp."""
+        return cuda.shfl_xor_sync(0xFFFFFFFF, value, mask)
+
+    @cuda.jit(device=True)
+    def _fast_exp(x):
+        return libdevice.fast_expf(x)
+
+    @cuda.jit(device=True)
+    def _as_float(bits):
+        return libdevice.int_as_float(int32(bits))
+
+
+@cuda.jit(device=True)
+def _float32_in_word(word, e):
+    """A word holding one float32, as float32."""
+    return _as_float(uint32(word))
+
+
+@cuda.jit(device=True)
+def _bfloat16_in_word(word, e):
+    """Element ``e`` of a word of two bfloat16s, as float32 (exact)."""
+    bits = uint32(word)
+    if e == 0:
+        return _as_float(bits << uint32(16))
+    return _as_float(bits & uint32(0xFFFF0000))
+
+
+@cuda.jit(device=True)
+def _float16_in_word(word, e):
+    """Element ``e`` of a word of two float16s, as float32 times 2**-112 (exact)."""
+    bits = uint32(word)
+    if e == 0:
+        return _as_float(((bits & uint32(0x8000)) << uint32(16)) | ((bits & uint32(0x7FFF)) << uint32(13)))
+    return _as_float((bits & uint32(0x80000000)) | ((bits & uint32(0x7FFF0000)) >> uint32(3)))
+
+
+# ---------------------------------------------------------------------- attention kernels
+
+_KERNELS: dict[tuple, tuple] = {}
+
+
+def _attention_kernels(group: int, words_per_lane: int, per_word: int, decode, unscale: float) -> tuple:
+    """(decode split kernel, prefill kernel) for blocks of ``group`` query heads, where each lane reads
+    ``words_per_lane`` words of a row and a word holds ``per_word`` elements (read by ``decode``, whose
+    values are the elements times ``1 / unscale``)."""
+    key = (group, words_per_lane, per_word, decode, unscale, TILE, LANES_PER_ROW, ROWS_PER_STEP, MAX_GROUP)
+    if key in _KERNELS:
+        return _KERNELS[key]
+    lanes, steps, tile = LANES_PER_ROW, ROWS_PER_STEP, TILE
+    row_groups, warp_lanes = TILE // LANES_PER_ROW, _warp_lanes(TILE)
+    warps, max_head = TILE // warp_lanes, MAX_HEAD_SIZE
+    state = group * words_per_lane * per_word  # a lane's queries, and its weighted value sums
+    words_per_step = steps * words_per_lane
+    unscale = np.float32(unscale)
+    state_shared, stats_shared = warps * group * max_head, warps * group * 2
+    shared_size, step_scores = state_shared + stats_shared + tile, steps * group  # array sizes: single constants
+
+    @cuda.jit(device=True)
+    def attend(query, token, first_head, num_heads, scale, keys, values, table, kv_head, start, end, shared, tid):
+        """Leave in ``shared`` the running maximum, exp-sum and weighted value sums of heads
+        ``first_head ..`` over positions [start, end), per warp: head ``g``'s sums at
+        ``(w * group + g) * max_head + dim``, its maximum and sum at ``state_shared + 2 * (w * group + g)``."""
+        lane, row_group = tid % lanes, tid // lanes
+        block_size, head = keys.shape[1], uint64(kv_head)
+        words = uint64(keys.shape[3])
+        head_size = query.shape[2]
+        slots = shared[state_shared + stats_shared :]
+
+        q = cuda.local.array(state, float32)
+        for g in range(group):
+            for j in range(words_per_lane):
+                for e in range(per_word):
+                    dim = (lane + j * lanes) * per_word + e
+                    value = float32(0.0)
+                    if g < num_heads and dim < head_size:
+                        value = widen(query[token, first_head + g, dim]) * scale
+                    q[(g * words_per_lane + j) * per_word + e] = value
+        acc = cuda.local.array(state, float32)
+        for i in range(state):
+            acc[i] = 0.0
+        best = cuda.local.array(group, float32)
+        total = cuda.local.array(group, float32)
+        for g in range(group):
+            best[g] = -math.inf
+            total[g] = 0.0
+
+        position = start + row_group
+        block_index, offset = position // block_size, position % block_size
+        step_blocks, step_offset = row_groups // block_size, row_groups % block_size
+        k_words = cuda.local.array(words_per_step, uint32)
+        v_words = cuda.local.array(words_per_step, uint32)
+        scores = cuda.local.array(step_scores, float32)
+        for _ in range(0, end - start, row_groups * steps):
+            for t in range(steps):
+                valid = position < end
+                block, row = uint64(0), uint64(offset)
+                if valid:
+                    block = uint64(table[block_index])
+                for j in range(words_per_lane):
+                    word = uint64(lane + j * lanes)
+                    k_word, v_word = uint32(0), uint32(0)
+                    if valid and word < words:
+                        k_word, v_word = uint32(keys[block, row, head, word]), uint32(values[block, row, head, word])
+                    k_words[t * words_per_lane + j] = k_word
+                    v_words[t * words_per_lane + j] = v_word
+                position += row_groups
+                offset += step_offset
+                block_index += step_blocks
+                if offset >= block_size:
+                    offset -= block_size
+                    block_index += 1
+            for t in range(steps):
+                dots = cuda.local.array(group, float32)
+                for g in range(group):
+                    dots[g] = 0.0
+                for j in range(words_per_lane):
+                    for e in range(per_word):
+                        element = decode(k_words[t * words_per_lane + j], e)
+                        for g in range(group):
+                            dots[g] += q[(g * words_per_lane + j) * per_word + e] * element
+                mask = 1
+                while mask < lanes:
+                    for g in range(group):
+                        dots[g] += _exchange(dots[g], mask, slots, tid)
+                    mask *= 2
+                row_position = position - (steps - t) * row_groups
+                for g in range(group):
+                    scores[t * group + g] = dots[g] * unscale if row_position < end else -math.inf
+            for g in range(group):
+                step_best = best[g]
+                for t in range(steps):
+                    step_best = max(step_best, scores[t * group + g])
+                if step_best != -math.inf:
+                    correction = _fast_exp(best[g] - step_best)
+                    best[g] = step_best
+                    total[g] *= correction
+                    for i in range(words_per_lane * per_word):
+                        acc[g * words_per_lane * per_word + i] *= correction
+                    for t in range(steps):
+                        weight = _fast_exp(scores[t * group + g] - step_best)
+                        total[g] += weight
+                        scores[t * group + g] = weight * unscale
+                else:  # none of this step's rows is in the range
+                    for t in range(steps):
+                        scores[t * group + g] = 0.0
+            for t in range(steps):
+                for j in range(words_per_lane):
+                    for e in range(per_word):
+                        element = decode(v_words[t * words_per_lane + j], e)
+                        for g in range(group):
+                            acc[(g * words_per_lane + j) * per_word + e] += scores[t * group + g] * element
+
+        # Merge the row groups of each warp, then write each warp's state.
+        mask = lanes
+        while mask < warp_lanes:
+            for g in range(group):
+                other_best = _exchange(best[g], mask, slots, tid)
+                other_total = _exchange(total[g], mask, slots, tid)
+                merged = max(best[g], other_best)
+                mine, theirs = float32(0.0), float32(0.0)
+                if merged != -math.inf:
+                    mine, theirs = _fast_exp(best[g] - merged), _fast_exp(other_best - merged)
+                total[g] = total[g] * mine + other_total * theirs
+                best[g] = merged
+                for i in range(words_per_lane * per_word):
+                    index = g * words_per_lane * per_word + i
+                    acc[index] = acc[index] * mine + _exchange(acc[index], mask, slots, tid) * theirs
+            mask *= 2
+        warp = tid // warp_lanes
+        if tid % warp_lanes < lanes:
+            for g in range(group):
+                for j in range(words_per_lane):
+                    for e in range(per_word):
+                        dim = (lane + j * lanes) * per_word + e
+                        if dim < head_size:
+                            shared[(warp * group + g) * max_head + dim] = acc[(g * words_per_lane + j) * per_word + e]
+                if lane == 0:
+                    shared[state_shared + 2 * (warp * group + g)] = best[g]
+                    shared[state_shared + 2 * (warp * group + g) + 1] = total[g]
         cuda.syncthreads()
-        offset += KEYS_AT_ONCE
-        while offset >= block_size:
-            offset -= block_size
-            block_index += 1
 
+    @cuda.jit(device=True)
+    def merged_warps(shared, g, dim):
+        """Head ``g``'s (maximum, exp-sum, weighted sum at ``dim``) over the block's warps."""
+        best = float32(-math.inf)
+        for w in range(warps):
+            best = max(best, shared[state_shared + 2 * (w * group + g)])
+        total, acc = float32(0.0), float32(0.0)
+        if best != -math.inf:
+            for w in range(warps):
+                weight = _fast_exp(shared[state_shared + 2 * (w * group + g)] - best)
+                total += shared[state_shared + 2 * (w * group + g) + 1] * weight
+                acc += shared[(w * group + g) * max_head + dim] * weight
+        return best, total, acc
 
-@cuda.jit(device=True)
-def _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid):
-    """Softmax weights of positions [start, end) for ``num_heads`` heads.
+    @cuda.jit
+    def decode_split(
+        partial_acc,
+        partial_stats,
+        query,
+        keys,
+        values,
+        block_tables,
+        context_lens,
+        scale,
+        blocks_per_kv_head,
+        split_len,
+    ):
+        b, split, tid = cuda.blockIdx.x, cuda.blockIdx.z, cuda.threadIdx.x
+        start = split * split_len
+        length = context_lens[b]
+        if start >= length:
+            return
+        shared = cuda.shared.array(shared_size, float32)
+        kv_head, first_head, num_heads = _head_group(
+            query.shape[1], keys.shape[2], group, blocks_per_kv_head, cuda.blockIdx.y
+        )
+        end = min(length, start + split_len)
+        attend(query, b, first_head, num_heads, scale, keys, values, block_tables[b], kv_head, start, end, shared, tid)
+        head_size = query.shape[2]
+        for item in range(tid, num_heads * head_size, tile):
+            g, dim = item // head_size, item % head_size
+            best, total, acc = merged_warps(shared, g, dim)
+            partial_acc[b, first_head + g, split, dim] = acc
+            if dim == 0:
+                partial_stats[b, first_head + g, split, 0] = best
+                partial_stats[b, first_head + g, split, 1] = total
 
-    On return ``scores[g * TOKENS_PER_SPLIT + t]`` is ``exp(s - m_g)`` for
-    position ``start + t``, ``stats[g]`` the chunk maximum ``m_g`` and
-    ``stats[MAX_GROUP + g]`` the sum of the weights. ``q_shared`` holds the
-    queries, already scaled, with a row of ``MAX_HEAD_SIZE`` per head.
-    """
-    count = end - start
-    _chunk_scores(q_shared, k_cache, table, kv_head, start, count, scores, scratch, tid)
-    # Per-thread values live in MAX_GROUP-long local arrays indexed only in loops
-    # of constant trip count, so they can stay in registers.
-    thread_max = cuda.local.array(MAX_GROUP, float32)
-    for g in range(MAX_GROUP):
-        thread_max[g] = -math.inf
-    for t in range(tid, count, TILE):
-        for g in range(MAX_GROUP):
-            thread_max[g] = max(thread_max[g], scores[g * TOKENS_PER_SPLIT + t])
-    for g in range(MAX_GROUP):
-        if g < num_heads:
-            scratch[g * TILE + tid] = thread_max[g]
-    cuda.syncthreads()
-    _tree_reduce(scratch, num_heads, tid, True)
-    if tid < num_heads:
-        stats[tid] = scratch[tid * TILE]
-    cuda.syncthreads()
-    thread_sum = thread_max
-    for g in range(MAX_GROUP):
-        thread_sum[g] = 0.0
-    for t in range(tid, count, TILE):
-        for g in range(MAX_GROUP):
-            if g < num_heads:
-                weight = math.exp(scores[g * TOKENS_PER_SPLIT + t] - stats[g])
-                scores[g * TOKENS_PER_SPLIT + t] = weight
-                thread_sum[g] += weight
-    for g in range(MAX_GROUP):
-        if g < num_heads:
-            scratch[g * TILE + tid] = thread_sum[g]
-    cuda.syncthreads()
-    _tree_reduce(scratch, num_heads, tid, False)
-    if tid < num_heads:
-        stats[MAX_GROUP + tid] = scratch[tid * TILE]
-    cuda.syncthreads()
+    @cuda.jit
+    def prefill(
+        out,
+        query,
+        keys,
+        values,
+        block_tables,
+        query_start_loc,
+        context_lens,
+        scale,
+        blocks_per_kv_head,
+    ):
+        token, tid = cuda.blockIdx.x, cuda.threadIdx.x
+        shared = cuda.shared.array(shared_size, float32)
+        kv_head, first_head, num_heads = _head_group(
+            query.shape[1], keys.shape[2], group, blocks_per_kv_head, cuda.blockIdx.y
+        )
+        b = _sequence_of(query_start_loc, token)
+        query_len = query_start_loc[b + 1] - query_start_loc[b]
+        visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
+        attend(query, token, first_head, num_heads, scale, keys, values, block_tables[b], kv_head, 0, visible, shared, tid)
+        head_size = query.shape[2]
+        for item in range(tid, num_heads * head_size, tile):
+            g, dim = item // head_size, item % head_size
+            _, total, acc = merged_warps(shared, g, dim)
+            out[token, first_head + g, dim] = narrow(out, acc / total)
 
-
-@cuda.jit(device=True)
-def _chunk_values(v_cache, table, kv_head, num_heads, start, count, scores, rows, tid):
-    """Weighted sums of the chunk's value rows, in ``ROWS_AT_ONCE`` parts: part ``r`` (the rows
-    ``r, r + ROWS_AT_ONCE, ...``) of head ``g``, dimension ``d`` at ``rows[r * _QUERY_SIZE + g * MAX_HEAD_SIZE + d]``.
-    Unsigned indices in the inner loop, as in :func:`_chunk_scores`."""
-    block_size = v_cache.shape[1]
-    head_size, head = uint64(v_cache.shape[3]), uint64(kv_head)
-    lane, part = tid % ROW_LANES, tid // ROW_LANES
-    acc = cuda.local.array(_ACC_SIZE, float32)
-    for i in range(_ACC_SIZE):
-        acc[i] = 0.0
-    position = start + part
-    block_index, offset = position // block_size, position % block_size
-    for t in range(part, count, ROWS_AT_ONCE):
-        block, row, weight_index = uint64(table[block_index]), uint64(offset), uint64(t)
-        for j in range(DIMS_PER_LANE):
-            dim = uint64(lane + j * ROW_LANES)
-            if dim < head_size:
-                value = widen(v_cache[block, row, head, dim])
-                for g in range(MAX_GROUP):
-                    if g < num_heads:
-                        acc[g * DIMS_PER_LANE + j] += scores[weight_index + uint64(g * TOKENS_PER_SPLIT)] * value
-        offset += ROWS_AT_ONCE
-        while offset >= block_size:
-            offset -= block_size
-            block_index += 1
-    for j in range(DIMS_PER_LANE):
-        dim = lane + j * ROW_LANES
-        if dim < v_cache.shape[3]:
-            for g in range(MAX_GROUP):
-                rows[part * _QUERY_SIZE + g * MAX_HEAD_SIZE + dim] = acc[g * DIMS_PER_LANE + j]
-    cuda.syncthreads()
-
-
-@cuda.jit(device=True)
-def _summed_rows(rows, g, dim):
-    """Head ``g``'s weighted value sum at ``dim``: the parts of :func:`_chunk_values` added."""
-    total = float32(0.0)
-    for part in range(ROWS_AT_ONCE):
-        total += rows[part * _QUERY_SIZE + g * MAX_HEAD_SIZE + dim]
-    return total
-
-
-@cuda.jit(device=True)
-def _load_queries(q_shared, query, token, first_head, num_heads, scale, tid):
-    """Scaled queries of heads ``first_head ..`` into rows of ``q_shared``; rows past ``num_heads`` are zero."""
-    head_size = query.shape[2]
-    for item in range(tid, MAX_GROUP * head_size, TILE):
-        g, dim = item // head_size, item % head_size
-        value = float32(0.0)
-        if g < num_heads:
-            value = widen(query[token, first_head + g, dim]) * scale
-        q_shared[g * MAX_HEAD_SIZE + dim] = value
-    cuda.syncthreads()
+    _KERNELS[key] = (decode_split, prefill)
+    return decode_split, prefill
 
 
 @cuda.jit(device=True)
@@ -316,7 +431,17 @@ def _head_group(num_heads, num_kv_heads, heads_per_block, blocks_per_kv_head, y)
     return kv_head, first_head, min(heads_per_block, (kv_head + 1) * group - first_head)
 
 
-# ---------------------------------------------------------------------- kernels
+@cuda.jit(device=True)
+def _sequence_of(query_start_loc, token):
+    """The sequence whose query rows include ``token`` (binary search)."""
+    low, high = 0, query_start_loc.shape[0] - 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        if query_start_loc[middle] <= token:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 @cuda.jit
@@ -332,47 +457,6 @@ def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping):
         head, dim = item // head_size, item % head_size
         k_cache[block, offset, head, dim] = narrow(k_cache, widen(key[token, head, dim]))
         v_cache[block, offset, head, dim] = narrow(v_cache, widen(value[token, head, dim]))
-
-
-@cuda.jit
-def _decode_split_kernel(
-    partial_acc,
-    partial_stats,
-    query,
-    k_cache,
-    v_cache,
-    block_tables,
-    context_lens,
-    scale,
-    heads_per_block,
-    blocks_per_kv_head,
-    split_len,
-):
-    b, split, tid = cuda.blockIdx.x, cuda.blockIdx.z, cuda.threadIdx.x
-    start = split * split_len
-    length = context_lens[b]
-    if start >= length:
-        return
-    end = min(length, start + split_len)
-    q_shared = cuda.shared.array(_QUERY_SIZE, float32)
-    scores = cuda.shared.array(_SCORES_SIZE, float32)
-    scratch = cuda.shared.array(_SCRATCH_SIZE, float32)
-    stats = cuda.shared.array(_STATS_SIZE, float32)
-    rows = cuda.shared.array(_ROWS_SIZE, float32)
-    kv_head, first_head, num_heads = _head_group(
-        query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y
-    )
-    _load_queries(q_shared, query, b, first_head, num_heads, scale, tid)
-    table = block_tables[b]
-    _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid)
-    _chunk_values(v_cache, table, kv_head, num_heads, start, end - start, scores, rows, tid)
-    head_size = query.shape[2]
-    for item in range(tid, num_heads * head_size, TILE):
-        g, dim = item // head_size, item % head_size
-        partial_acc[b, first_head + g, split, dim] = _summed_rows(rows, g, dim)
-    if tid < num_heads:
-        partial_stats[b, first_head + tid, split, 0] = stats[tid]
-        partial_stats[b, first_head + tid, split, 1] = stats[MAX_GROUP + tid]
 
 
 @cuda.jit
@@ -392,78 +476,6 @@ def _merge_splits_kernel(out, partial_acc, partial_stats, context_lens, split_le
         out[b, head, dim] = narrow(out, acc / total)
 
 
-@cuda.jit(device=True)
-def _sequence_of(query_start_loc, token):
-    """The sequence whose query rows include ``token`` (binary search)."""
-    low, high = 0, query_start_loc.shape[0] - 1
-    while high - low > 1:
-        middle = (low + high) // 2
-        if query_start_loc[middle] <= token:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
-@cuda.jit
-def _prefill_kernel(
-    out,
-    query,
-    k_cache,
-    v_cache,
-    block_tables,
-    query_start_loc,
-    context_lens,
-    scale,
-    heads_per_block,
-    blocks_per_kv_head,
-):
-    token, tid = cuda.blockIdx.x, cuda.threadIdx.x
-    q_shared = cuda.shared.array(_QUERY_SIZE, float32)
-    scores = cuda.shared.array(_SCORES_SIZE, float32)
-    scratch = cuda.shared.array(_SCRATCH_SIZE, float32)
-    stats = cuda.shared.array(_STATS_SIZE, float32)
-    rows = cuda.shared.array(_ROWS_SIZE, float32)
-    running = cuda.shared.array(_STATS_SIZE, float32)  # running max, running sum per head
-    acc = cuda.shared.array(_QUERY_SIZE, float32)
-    kv_head, first_head, num_heads = _head_group(
-        query.shape[1], k_cache.shape[2], heads_per_block, blocks_per_kv_head, cuda.blockIdx.y
-    )
-    _load_queries(q_shared, query, token, first_head, num_heads, scale, tid)
-    b = _sequence_of(query_start_loc, token)
-    query_len = query_start_loc[b + 1] - query_start_loc[b]
-    visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
-    table = block_tables[b]
-    head_size = query.shape[2]
-    if tid < num_heads:
-        running[tid] = -math.inf
-        running[MAX_GROUP + tid] = 0.0
-    for item in range(tid, num_heads * head_size, TILE):
-        acc[item] = 0.0
-    cuda.syncthreads()
-    for start in range(0, visible, TOKENS_PER_SPLIT):
-        end = min(visible, start + TOKENS_PER_SPLIT)
-        _chunk_softmax(q_shared, k_cache, table, kv_head, num_heads, start, end, scores, scratch, stats, tid)
-        _chunk_values(v_cache, table, kv_head, num_heads, start, end - start, scores, rows, tid)
-        for item in range(tid, num_heads * head_size, TILE):
-            g, dim = item // head_size, item % head_size
-            new_max = max(running[g], stats[g])
-            acc[item] = acc[item] * math.exp(running[g] - new_max) + _summed_rows(rows, g, dim) * math.exp(
-                stats[g] - new_max
-            )
-        cuda.syncthreads()
-        if tid < num_heads:
-            new_max = max(running[tid], stats[tid])
-            running[MAX_GROUP + tid] = running[MAX_GROUP + tid] * math.exp(running[tid] - new_max) + stats[
-                MAX_GROUP + tid
-            ] * math.exp(stats[tid] - new_max)
-            running[tid] = new_max
-        cuda.syncthreads()
-    for item in range(tid, num_heads * head_size, TILE):
-        g, dim = item // head_size, item % head_size
-        out[token, first_head + g, dim] = narrow(out, acc[item] / running[MAX_GROUP + g])
-
-
 # ---------------------------------------------------------------------- launches
 
 
@@ -476,6 +488,30 @@ def _head_grouping(num_heads: int, num_kv_heads: int, head_size: int) -> tuple[i
     group = num_heads // num_kv_heads
     blocks_per_kv_head = -(-group // MAX_GROUP)
     return -(-group // blocks_per_kv_head), blocks_per_kv_head
+
+
+def _words(cache, head_size: int) -> tuple:
+    """(the cache as the unsigned words the kernels read, elements a word, their reader, its unscale):
+    two 16-bit elements a 32-bit word where the head size is even, else one a word."""
+    array = device_array(cache)
+    if array.dtype.itemsize == 4:
+        return array.view(np.uint32), 1, _float32_in_word, 1.0
+    reader = _float16_in_word if array.dtype == np.float16 else _bfloat16_in_word
+    unscale = HALF_UNSCALE if array.dtype == np.float16 else 1.0
+    if head_size % 2:
+        return array.view(np.uint16), 1, reader, unscale
+    return array.view(np.uint32), 2, reader, unscale
+
+
+def _prepared(query, k_cache, v_cache) -> tuple:
+    """(kernels, keys, values, blocks per KV head) for a launch over these caches."""
+    num_heads, head_size = query.shape[1], query.shape[2]
+    heads_per_block, blocks_per_kv_head = _head_grouping(num_heads, k_cache.shape[2], head_size)
+    keys, per_word, decode, unscale = _words(k_cache, head_size)
+    values = _words(v_cache, head_size)[0]
+    words_per_lane = -(-keys.shape[3] // LANES_PER_ROW)
+    kernels = _attention_kernels(heads_per_block, words_per_lane, per_word, decode, unscale)
+    return kernels, keys, values, blocks_per_kv_head
 
 
 _MULTIPROCESSORS: dict[int | None, int] = {}
@@ -512,7 +548,7 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     batch, num_heads, head_size = query.shape
     if batch == 0:
         return
-    heads_per_block, blocks_per_kv_head = _head_grouping(num_heads, k_cache.shape[2], head_size)
+    (decode_split, _), keys, values, blocks_per_kv_head = _prepared(query, k_cache, v_cache)
     launch = LaunchContext(out, query, k_cache, v_cache, block_tables, context_lens)
     block_groups = k_cache.shape[2] * blocks_per_kv_head
     max_context_len = block_tables.shape[1] * k_cache.shape[1]
@@ -520,9 +556,17 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
     num_splits = max(1, -(-max_context_len // split_len))
     partial_acc = launch.empty((batch, num_heads, num_splits, head_size))
     partial_stats = launch.empty((batch, num_heads, num_splits, 2))
-    arrays = [device_array(a) for a in (query, k_cache, v_cache, block_tables, context_lens)]
-    configured(_decode_split_kernel, (batch, block_groups, num_splits), TILE, launch.stream)(
-        partial_acc, partial_stats, *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head, split_len
+    arrays = [device_array(a) for a in (query, block_tables, context_lens)]
+    configured(decode_split, (batch, block_groups, num_splits), TILE, launch.stream)(
+        partial_acc,
+        partial_stats,
+        arrays[0],
+        keys,
+        values,
+        *arrays[1:],
+        np.float32(scale),
+        blocks_per_kv_head,
+        split_len,
     )
     merge = configured(_merge_splits_kernel, (batch, num_heads), min(TILE, head_size), launch.stream)
     merge(device_array(out), partial_acc, partial_stats, arrays[-1], split_len)
@@ -533,13 +577,13 @@ def paged_prefill_attention(
 ) -> None:
     """Chunks of query tokens [T, heads, head_size]; token i of sequence b sits at position
     ``context_lens[b] - q_len_b + i`` and attends causally to every position up to its own."""
-    num_tokens, num_heads, head_size = query.shape
+    num_tokens = query.shape[0]
     if num_tokens == 0:
         return
-    heads_per_block, blocks_per_kv_head = _head_grouping(num_heads, k_cache.shape[2], head_size)
+    (_, prefill), keys, values, blocks_per_kv_head = _prepared(query, k_cache, v_cache)
     launch = LaunchContext(out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)
-    arrays = [device_array(a) for a in (out, query, k_cache, v_cache, block_tables, query_start_loc, context_lens)]
+    arrays = [device_array(a) for a in (out, query, block_tables, query_start_loc, context_lens)]
     grid = (num_tokens, k_cache.shape[2] * blocks_per_kv_head)
-    configured(_prefill_kernel, grid, TILE, launch.stream)(
-        *arrays, np.float32(scale), heads_per_block, blocks_per_kv_head
+    configured(prefill, grid, TILE, launch.stream)(
+        arrays[0], arrays[1], keys, values, *arrays[2:], np.float32(scale), blocks_per_kv_head
     )

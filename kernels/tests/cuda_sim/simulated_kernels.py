@@ -6,10 +6,11 @@ before ``numba.cuda`` is first imported, so it cannot share a process with
 the other tests). The file name keeps the main test run from collecting it.
 
 The simulator runs every GPU thread as a Python thread, so the launch shape is
-shrunk (8 threads a block, 2 threads a key row, 4 a value row, chunks of 4 to
+shrunk (8 threads a block, 2 threads a row, 2 rows a step, chunks of 4 to
 16 positions, 2 query heads a block) and the problems are tiny; they still
-cross thread tiles, chunks of every length a launch may pick, the parts of the
-value pass and head groups. Caches are float32, float16 and bfloat16 bits.
+cross steps, row groups, chunks of every length a launch may pick and head
+groups, with odd head sizes (a word per element) and even ones (two 16-bit
+elements a word). Caches are float32, float16 and bfloat16 bits.
 Tolerances: float32 accumulation against the float64 reference, atol 1e-5 / rtol 1e-4;
 a 16-bit output adds its own rounding.
 """
@@ -33,7 +34,7 @@ from hetero_kernels import reference  # noqa: E402
 from hetero_kernels.cuda_interop import configured  # noqa: E402
 from hetero_kernels.dtypes import bfloat16_bits, widen  # noqa: E402
 
-kernels.configure(tile=8, tokens_per_split=16, min_tokens_per_split=4, lanes_per_key=2, row_lanes=4, max_group=2)
+kernels.configure(tile=8, lanes_per_row=2, rows_per_step=2, tokens_per_split=16, min_tokens_per_split=4, max_group=2)
 
 ATOL, RTOL = 1e-5, 1e-4
 tiny_problems = problems(
@@ -75,11 +76,13 @@ def test_configure_refuses_launch_shapes_a_gpu_cannot_run() -> None:
     with pytest.raises(ValueError, match="up to 1024"):
         kernels.configure(tile=2048)
     with pytest.raises(ValueError, match="shared memory"):
-        kernels.configure(tile=256, tokens_per_split=256, row_lanes=32, max_group=8)
-    with pytest.raises(ValueError, match="lanes_per_key"):
-        kernels.configure(lanes_per_key=3)
+        kernels.configure(tile=1024, max_group=8)
+    with pytest.raises(ValueError, match="lanes_per_row"):
+        kernels.configure(lanes_per_row=3)
+    with pytest.raises(ValueError, match="lanes_per_row"):
+        kernels.configure(lanes_per_row=16)  # more than this 8-thread tile's warp
     assert (kernels.TILE, kernels.TOKENS_PER_SPLIT, kernels.MAX_GROUP) == shape
-    assert kernels._prefill_shared_bytes(128, 256, 32, 4, 256) <= kernels.MAX_SHARED_BYTES  # the default shape
+    assert kernels._shared_bytes(128, 4, 256) <= kernels.MAX_SHARED_BYTES  # the default shape
 
 
 def test_decode_chunks_shorten_until_a_small_batch_fills_the_gpu() -> None:
