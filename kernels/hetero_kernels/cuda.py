@@ -4,10 +4,12 @@ A thread block serves one KV head and the query heads that share it (up to
 ``MAX_GROUP`` of them, so every key and value is read once per group) over a
 range of context positions, in one pass with an online softmax:
 
-- ``LANES_PER_ROW`` neighbouring threads (a *row group*) share a key or value
-  row. The cache is read in 32-bit words (two 16-bit elements, or one
-  float32), lane ``l`` taking words ``l, l + LANES_PER_ROW, ...``, so a warp's
-  load covers whole 32-byte sectors of ``32 / LANES_PER_ROW`` rows;
+- a *row group* of neighbouring threads shares a key or value row. The
+  cache is read in 32-bit words (two 16-bit elements, or one float32); a row
+  group has as many lanes as a row has words over ``WORDS_PER_LANE``
+  (rounded up to a power of two, at most a warp), and lane ``l`` of ``n``
+  takes words ``l, l + n, ...``: a float16 row of 64 has 32 words, 8 lanes,
+  and a warp's load covers whole 32-byte sectors of 4 rows;
 - the block's row groups take consecutive positions; each loads
   ``ROWS_PER_STEP`` key rows and as many value rows before using any (the
   loads are in flight together), sums its partial dot products by shuffles
@@ -62,7 +64,7 @@ from hetero_kernels.cuda_elements import narrow, widen
 from hetero_kernels.cuda_interop import LaunchContext, configured, device_array
 
 TILE = 128  # threads per block (a power of two)
-LANES_PER_ROW = 8  # threads sharing a key or value row (a power of two, at most a warp)
+WORDS_PER_LANE = 4  # the most 32-bit words of a row a lane reads, where a warp's lanes suffice
 ROWS_PER_STEP = 4  # rows each row group loads before using them
 TOKENS_PER_SPLIT = 256  # the longest decode chunk of context positions
 MIN_TOKENS_PER_SPLIT = 64  # the shortest chunk a decode launch picks
@@ -71,6 +73,7 @@ MAX_HEAD_SIZE = 256
 MAX_SHARED_BYTES = 48 * 1024  # static shared memory per thread block
 BLOCKS_PER_MULTIPROCESSOR = 2  # decode chunks are shortened until the grid has this many blocks per SM
 WARP_SIZE = 32
+MERGE_DIMS = -(-MAX_HEAD_SIZE // TILE)  # dims a thread of the merge kernel sums (kept in step by configure())
 
 HALF_UNSCALE = float(2.0**112)  # a float16's bits shifted into a float32's are its value times 2**-112
 
@@ -88,7 +91,7 @@ def _shared_bytes(tile: int, max_group: int, max_head_size: int) -> int:
 def configure(
     *,
     tile: int | None = None,
-    lanes_per_row: int | None = None,
+    words_per_lane: int | None = None,
     rows_per_step: int | None = None,
     tokens_per_split: int | None = None,
     min_tokens_per_split: int | None = None,
@@ -99,11 +102,12 @@ def configure(
 
     Only before the first launch: on a GPU the constants are compiled into the kernels.
     """
-    global TILE, LANES_PER_ROW, ROWS_PER_STEP, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, MAX_GROUP, MAX_HEAD_SIZE
+    global TILE, WORDS_PER_LANE, ROWS_PER_STEP, TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, MAX_GROUP, MAX_HEAD_SIZE
+    global MERGE_DIMS
     if _KERNELS or getattr(_merge_splits_kernel, "overloads", None) or getattr(_write_kv_kernel, "overloads", None):
         raise RuntimeError("hetero_kernels.cuda.configure() must run before the first kernel launch")
     tile = TILE if tile is None else tile
-    lanes_per_row = LANES_PER_ROW if lanes_per_row is None else lanes_per_row
+    words_per_lane = WORDS_PER_LANE if words_per_lane is None else words_per_lane
     rows_per_step = ROWS_PER_STEP if rows_per_step is None else rows_per_step
     tokens_per_split = TOKENS_PER_SPLIT if tokens_per_split is None else tokens_per_split
     min_tokens_per_split = MIN_TOKENS_PER_SPLIT if min_tokens_per_split is None else min_tokens_per_split
@@ -111,10 +115,8 @@ def configure(
     max_head_size = MAX_HEAD_SIZE if max_head_size is None else max_head_size
     if tile < 1 or tile > 1024 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two up to 1024 (threads per block), got {tile}")
-    if lanes_per_row < 1 or lanes_per_row & (lanes_per_row - 1) or lanes_per_row > _warp_lanes(tile):
-        raise ValueError(
-            f"lanes_per_row must be a power of two up to {_warp_lanes(tile)} (a warp of the tile), got {lanes_per_row}"
-        )
+    if words_per_lane < 1:
+        raise ValueError(f"words_per_lane must be at least 1, got {words_per_lane}")
     if tile < WARP_SIZE and not numba_config.ENABLE_CUDASIM:
         raise ValueError(f"on a GPU the tile must be at least a warp ({WARP_SIZE} threads), got {tile}")
     if rows_per_step < 1:
@@ -129,7 +131,8 @@ def configure(
         raise ValueError(
             f"this launch shape needs {shared} bytes of shared memory per block; the limit is {MAX_SHARED_BYTES}"
         )
-    TILE, LANES_PER_ROW, ROWS_PER_STEP = tile, lanes_per_row, rows_per_step
+    TILE, WORDS_PER_LANE, ROWS_PER_STEP = tile, words_per_lane, rows_per_step
+    MERGE_DIMS = -(-max_head_size // tile)
     TOKENS_PER_SPLIT, MIN_TOKENS_PER_SPLIT, MAX_GROUP, MAX_HEAD_SIZE = (
         tokens_per_split,
         min_tokens_per_split,
@@ -204,15 +207,15 @@ def _float16_in_word(word, e):
 _KERNELS: dict[tuple, tuple] = {}
 
 
-def _attention_kernels(group: int, words_per_lane: int, per_word: int, decode, unscale: float) -> tuple:
-    """(decode split kernel, prefill kernel) for blocks of ``group`` query heads, where each lane reads
-    ``words_per_lane`` words of a row and a word holds ``per_word`` elements (read by ``decode``, whose
-    values are the elements times ``1 / unscale``)."""
-    key = (group, words_per_lane, per_word, decode, unscale, TILE, LANES_PER_ROW, ROWS_PER_STEP, MAX_GROUP)
+def _attention_kernels(group: int, lanes: int, words_per_lane: int, per_word: int, decode, unscale: float) -> tuple:
+    """(decode split kernel, prefill kernel) for blocks of ``group`` query heads, where ``lanes`` threads
+    share a row, each reading ``words_per_lane`` of its words, and a word holds ``per_word`` elements (read by
+    ``decode``, whose values are the elements times ``1 / unscale``)."""
+    key = (group, lanes, words_per_lane, per_word, decode, unscale, TILE, ROWS_PER_STEP, MAX_GROUP)
     if key in _KERNELS:
         return _KERNELS[key]
-    lanes, steps, tile = LANES_PER_ROW, ROWS_PER_STEP, TILE
-    row_groups, warp_lanes = TILE // LANES_PER_ROW, _warp_lanes(TILE)
+    steps, tile = ROWS_PER_STEP, TILE
+    row_groups, warp_lanes = TILE // lanes, _warp_lanes(TILE)
     warps, max_head = TILE // warp_lanes, MAX_HEAD_SIZE
     state = group * words_per_lane * per_word  # a lane's queries, and its weighted value sums
     words_per_step = steps * words_per_lane
@@ -411,7 +414,9 @@ def _attention_kernels(group: int, words_per_lane: int, per_word: int, decode, u
         b = _sequence_of(query_start_loc, token)
         query_len = query_start_loc[b + 1] - query_start_loc[b]
         visible = context_lens[b] - query_len + (token - query_start_loc[b]) + 1
-        attend(query, token, first_head, num_heads, scale, keys, values, block_tables[b], kv_head, 0, visible, shared, tid)
+        attend(
+            query, token, first_head, num_heads, scale, keys, values, block_tables[b], kv_head, 0, visible, shared, tid
+        )
         head_size = query.shape[2]
         for item in range(tid, num_heads * head_size, tile):
             g, dim = item // head_size, item % head_size
@@ -459,21 +464,85 @@ def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping):
         v_cache[block, offset, head, dim] = narrow(v_cache, widen(value[token, head, dim]))
 
 
+@cuda.jit(device=True)
+def _block_reduce(scratch, value, tid, use_max):
+    """The maximum (or sum) of every thread's ``value``, for every thread of the block."""
+    scratch[tid] = value
+    cuda.syncthreads()
+    stride = TILE // 2
+    while stride > 0:
+        if tid < stride:
+            other = scratch[tid + stride]
+            scratch[tid] = max(scratch[tid], other) if use_max else scratch[tid] + other
+        cuda.syncthreads()
+        stride //= 2
+    result = scratch[0]
+    cuda.syncthreads()
+    return result
+
+
 @cuda.jit
 def _merge_splits_kernel(out, partial_acc, partial_stats, context_lens, split_len):
-    b, head = cuda.blockIdx.x, cuda.blockIdx.y
+    """A block per (sequence, head): the chunks' maxima, then their weights ``TILE`` chunks at a time (in
+    shared memory), each weighted sum split over ``parts`` of the block's threads, whose loads are in
+    flight together."""
+    b, head, tid = cuda.blockIdx.x, cuda.blockIdx.y, cuda.threadIdx.x
     num_splits = (context_lens[b] + split_len - 1) // split_len
+    scratch = cuda.shared.array(TILE, float32)
+    weights = cuda.shared.array(TILE, float32)
+    sums = cuda.shared.array(TILE, float32)
     best = float32(-math.inf)
-    for split in range(num_splits):
+    for split in range(tid, num_splits, TILE):
         best = max(best, partial_stats[b, head, split, 0])
+    best = _block_reduce(scratch, best, tid, True)
+    head_size = out.shape[2]
+    parts, part, first_dim, dim_step = 1, 0, tid, TILE  # heads wider than the tile: dims tid, tid + TILE, ...
+    if head_size <= TILE:  # else each dim's chunks are split between the threads of ``parts`` parts
+        parts, part, first_dim, dim_step = TILE // head_size, tid // head_size, tid % head_size, head_size
+    acc = cuda.local.array(MERGE_DIMS, float32)
+    for i in range(MERGE_DIMS):
+        acc[i] = 0.0
     total = float32(0.0)
-    for split in range(num_splits):
-        total += partial_stats[b, head, split, 1] * math.exp(partial_stats[b, head, split, 0] - best)
-    for dim in range(cuda.threadIdx.x, out.shape[2], cuda.blockDim.x):
-        acc = float32(0.0)
-        for split in range(num_splits):
-            acc += partial_acc[b, head, split, dim] * math.exp(partial_stats[b, head, split, 0] - best)
-        out[b, head, dim] = narrow(out, acc / total)
+    for first in range(0, num_splits, TILE):
+        weight = float32(0.0)
+        if first + tid < num_splits:
+            weight = math.exp(partial_stats[b, head, first + tid, 0] - best)
+            total += partial_stats[b, head, first + tid, 1] * weight
+        weights[tid] = weight
+        cuda.syncthreads()
+        count = min(TILE, num_splits - first)
+        if part < parts:
+            for i in range(MERGE_DIMS):
+                dim = first_dim + i * dim_step
+                if dim < head_size:
+                    a0, a1, a2, a3 = float32(0.0), float32(0.0), float32(0.0), float32(0.0)
+                    j = part
+                    while j + 3 * parts < count:
+                        a0 += partial_acc[b, head, first + j, dim] * weights[j]
+                        a1 += partial_acc[b, head, first + j + parts, dim] * weights[j + parts]
+                        a2 += partial_acc[b, head, first + j + 2 * parts, dim] * weights[j + 2 * parts]
+                        a3 += partial_acc[b, head, first + j + 3 * parts, dim] * weights[j + 3 * parts]
+                        j += 4 * parts
+                    while j < count:
+                        a0 += partial_acc[b, head, first + j, dim] * weights[j]
+                        j += parts
+                    acc[i] += (a0 + a1) + (a2 + a3)
+        cuda.syncthreads()
+    total = _block_reduce(scratch, total, tid, False)
+    if parts > 1:
+        if part < parts:
+            sums[tid] = acc[0]
+        cuda.syncthreads()
+        if tid < head_size:
+            value = float32(0.0)
+            for p in range(parts):
+                value += sums[p * head_size + tid]
+            out[b, head, tid] = narrow(out, value / total)
+    elif part == 0:
+        for i in range(MERGE_DIMS):
+            dim = first_dim + i * dim_step
+            if dim < head_size:
+                out[b, head, dim] = narrow(out, acc[i] / total)
 
 
 # ---------------------------------------------------------------------- launches
@@ -503,14 +572,22 @@ def _words(cache, head_size: int) -> tuple:
     return array.view(np.uint32), 2, reader, unscale
 
 
+def _lanes_per_row(words: int) -> int:
+    """Threads sharing a row of ``words`` words: ``words / WORDS_PER_LANE`` rounded up to a power of two, at most
+    a warp."""
+    wanted = -(-words // WORDS_PER_LANE)
+    return min(_warp_lanes(TILE), 1 << (wanted - 1).bit_length())
+
+
 def _prepared(query, k_cache, v_cache) -> tuple:
     """(kernels, keys, values, blocks per KV head) for a launch over these caches."""
     num_heads, head_size = query.shape[1], query.shape[2]
     heads_per_block, blocks_per_kv_head = _head_grouping(num_heads, k_cache.shape[2], head_size)
     keys, per_word, decode, unscale = _words(k_cache, head_size)
     values = _words(v_cache, head_size)[0]
-    words_per_lane = -(-keys.shape[3] // LANES_PER_ROW)
-    kernels = _attention_kernels(heads_per_block, words_per_lane, per_word, decode, unscale)
+    words = keys.shape[3]
+    lanes = _lanes_per_row(words)
+    kernels = _attention_kernels(heads_per_block, lanes, -(-words // lanes), per_word, decode, unscale)
     return kernels, keys, values, blocks_per_kv_head
 
 
@@ -568,7 +645,7 @@ def paged_decode_attention(out, query, k_cache, v_cache, block_tables, context_l
         blocks_per_kv_head,
         split_len,
     )
-    merge = configured(_merge_splits_kernel, (batch, num_heads), min(TILE, head_size), launch.stream)
+    merge = configured(_merge_splits_kernel, (batch, num_heads), TILE, launch.stream)
     merge(device_array(out), partial_acc, partial_stats, arrays[-1], split_len)
 
 

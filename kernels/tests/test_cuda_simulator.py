@@ -17,7 +17,7 @@ import pytest
 TESTS = Path(__file__).parent
 
 
-@pytest.mark.parametrize(("path", "count"), [("cuda_sim/simulated_kernels.py", 7), ("cuda_fused_cases.py", 13)])
+@pytest.mark.parametrize(("path", "count"), [("cuda_sim/simulated_kernels.py", 8), ("cuda_fused_cases.py", 13)])
 def test_cuda_kernels_on_the_simulator(path: str, count: int) -> None:
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
     command = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-q", str(TESTS / path)]

@@ -6,11 +6,11 @@ before ``numba.cuda`` is first imported, so it cannot share a process with
 the other tests). The file name keeps the main test run from collecting it.
 
 The simulator runs every GPU thread as a Python thread, so the launch shape is
-shrunk (8 threads a block, 2 threads a row, 2 rows a step, chunks of 4 to
-16 positions, 2 query heads a block) and the problems are tiny; they still
-cross steps, row groups, chunks of every length a launch may pick and head
-groups, with odd head sizes (a word per element) and even ones (two 16-bit
-elements a word). Caches are float32, float16 and bfloat16 bits.
+shrunk (8 threads a block, a word of a row per thread, so 1 to 8 threads a
+row, 2 rows a step, chunks of 4 to 16 positions, 2 query heads a block) and
+the problems are tiny; they still cross steps, row groups, chunks of every
+length a launch may pick and head groups, with odd head sizes (a word per
+element) and even ones (two 16-bit elements a word). Caches are float32, float16 and bfloat16 bits.
 Tolerances: float32 accumulation against the float64 reference, atol 1e-5 / rtol 1e-4;
 a 16-bit output adds its own rounding.
 """
@@ -34,7 +34,7 @@ from hetero_kernels import reference  # noqa: E402
 from hetero_kernels.cuda_interop import configured  # noqa: E402
 from hetero_kernels.dtypes import bfloat16_bits, widen  # noqa: E402
 
-kernels.configure(tile=8, lanes_per_row=2, rows_per_step=2, tokens_per_split=16, min_tokens_per_split=4, max_group=2)
+kernels.configure(tile=8, words_per_lane=1, rows_per_step=2, tokens_per_split=16, min_tokens_per_split=4, max_group=2)
 
 ATOL, RTOL = 1e-5, 1e-4
 tiny_problems = problems(
@@ -77,10 +77,8 @@ def test_configure_refuses_launch_shapes_a_gpu_cannot_run() -> None:
         kernels.configure(tile=2048)
     with pytest.raises(ValueError, match="shared memory"):
         kernels.configure(tile=1024, max_group=8)
-    with pytest.raises(ValueError, match="lanes_per_row"):
-        kernels.configure(lanes_per_row=3)
-    with pytest.raises(ValueError, match="lanes_per_row"):
-        kernels.configure(lanes_per_row=16)  # more than this 8-thread tile's warp
+    with pytest.raises(ValueError, match="words_per_lane"):
+        kernels.configure(words_per_lane=0)
     assert (kernels.TILE, kernels.TOKENS_PER_SPLIT, kernels.MAX_GROUP) == shape
     assert kernels._shared_bytes(128, 4, 256) <= kernels.MAX_SHARED_BYTES  # the default shape
 
@@ -105,6 +103,28 @@ def test_decode_and_prefill_match_reference(problem: Problem, multiprocessors: i
     expected, got = np.zeros_like(problem.prefill.query), np.zeros_like(problem.prefill.query)
     reference.paged_prefill_attention(expected, *problem.prefill_args)
     kernels.paged_prefill_attention(got, *problem.prefill_args)
+    np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    problems(
+        max_batch=2,
+        max_group=2,
+        max_kv_heads=1,
+        head_sizes=(4,),
+        block_sizes=(4,),
+        max_len=60,
+        cache_dtypes=(np.float16,),
+    )
+)
+def test_decode_merges_more_chunks_than_the_merge_takes_at_once(problem: Problem) -> None:
+    """Chunks of 4 positions (many multiprocessors to fill): up to 15 of them, past the 8 a merge block weighs
+    at once."""
+    kernels._MULTIPROCESSORS[None] = 64
+    expected, got = np.zeros_like(problem.query), np.zeros_like(problem.query)
+    reference.paged_decode_attention(expected, *problem.decode_args)
+    kernels.paged_decode_attention(got, *problem.decode_args)
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)
 
 
