@@ -3,7 +3,7 @@
     python benchmarks/attention.py [--batch 32] [--contexts 128 256 512 1024 2048]
         [--chunks 64 256 512 1024] [--threads 2]
         [--gpu-batches 1 4 16 64] [--gpu-contexts 256 1024 4096 8192] [--gpu-dtypes bfloat16 float16 float32]
-        [--gpu-shape tile=256,lanes_per_row=16] [--gpu-only]
+        [--gpu-shape tile=256,words_per_lane=2] [--gpu-only]
 
 SmolLM2's attention shape (9 heads, 3 KV heads, head size 64), block size 16,
 every sequence at the same context length, physical blocks shuffled.
@@ -264,7 +264,7 @@ def main() -> None:
     parser.add_argument(
         "--gpu-shape",
         default="",
-        help="the CUDA kernels' launch shape, as hetero_kernels.cuda.configure's keywords: tile=256,lanes_per_row=16",
+        help="the CUDA kernels' launch shape, as hetero_kernels.cuda.configure's keywords: tile=256,words_per_lane=2",
     )
     parser.add_argument("--gpu-only", action="store_true", help="skip the CPU measurements")
     args = parser.parse_args()
