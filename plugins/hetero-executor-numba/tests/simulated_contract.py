@@ -12,7 +12,7 @@ from hetero_executor_numba.attention import simulator_enabled
 from hetero_executor_torch.testing import AttentionBackendContract
 from hetero_kernels import cuda as kernels
 
-kernels.configure(tile=16)  # the simulator runs each GPU thread as a Python thread: keep blocks small
+kernels.configure(tile=8)  # the simulator runs each GPU thread as a Python thread: keep blocks small
 
 
 class TestNumbaCudaAttention(AttentionBackendContract):

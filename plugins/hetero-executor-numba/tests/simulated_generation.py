@@ -15,7 +15,7 @@ from hetero_core import EngineConfig, GenerationParams
 from hetero_core.engine import InferenceEngine
 from hetero_kernels import cuda as kernels
 
-kernels.configure(tile=16)  # the simulator runs each GPU thread as a Python thread: keep blocks small
+kernels.configure(tile=8)  # the simulator runs each GPU thread as a Python thread: keep blocks small
 
 model, prompts, executor = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 engine = InferenceEngine(
