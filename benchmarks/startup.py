@@ -7,8 +7,9 @@ few greedy tokens from a short prompt and reports:
   (interpreter, imports, loading, warm-up and the tokens themselves);
 - ``peak RSS``: the process's high-water resident memory (``VmHWM``);
 - ``beyond imports``: that peak less the peak of a process that only imported
-  the same libraries (the Python runtime, torch, Numba), which is what the
-  weights, the KV pool and the working buffers cost.
+  the same libraries (the Python runtime, torch, Numba, tokenizers, jinja2,
+  the kernels and the installed plugins), which is what the weights, the KV
+  pool, the working buffers and the libraries' first use cost.
 
 The KV pools are sized alike: the engine's holds ``--context`` tokens
 (``max_num_blocks`` blocks of 16), llama-cpp-python's ``n_ctx`` is the same.
@@ -40,12 +41,18 @@ def peak_rss_mb() -> float:
 
 
 def child(peer: str, model: str | None, context: int, tokens: int, threads: int, started: float) -> dict:
-    if peer == "imports":
+    if peer == "imports":  # every library the engine imports at its start, and its plugins, but no model
+        import jinja2  # noqa: F401
         import numba  # noqa: F401
+        import tokenizers  # noqa: F401
         import torch  # noqa: F401
 
-        import hetero_core  # noqa: F401
         import hetero_executor_torch  # noqa: F401
+        import hetero_kernels  # noqa: F401
+        import hetero_tokenizer_hf.tokenizer  # noqa: F401
+        from hetero_core.plugins import create_plugin_manager
+
+        create_plugin_manager()
     elif peer == "hetero":  # as a user would: torch is imported by the executor plugin, inside the engine's start
         from hetero_core import ComponentSpec, EngineConfig, GenerationParams, InferenceEngine
 
