@@ -208,11 +208,11 @@ def _float16_in_word(word, e):
 _KERNELS: dict[tuple, tuple] = {}
 
 
-def _attention_kernels(group: int, lanes: int, words_per_lane: int, per_word: int, decode, unscale: float) -> tuple:
+def _attention_kernels(group: int, lanes: int, words_per_lane: int, per_word: int, decode) -> tuple:
     """(decode split kernel, prefill kernel) for blocks of ``group`` query heads, where ``lanes`` threads
     share a row, each reading ``words_per_lane`` of its words, and a word holds ``per_word`` elements (read by
-    ``decode``, whose values are the elements times ``1 / unscale``)."""
-    key = (group, lanes, words_per_lane, per_word, decode, unscale, TILE, ROWS_PER_STEP, MAX_GROUP)
+    ``decode``; a float16's value comes times 2**-112, and is scaled back)."""
+    key = (group, lanes, words_per_lane, per_word, decode)
     if key in _KERNELS:
         return _KERNELS[key]
     steps, tile = ROWS_PER_STEP, TILE
@@ -220,7 +220,7 @@ def _attention_kernels(group: int, lanes: int, words_per_lane: int, per_word: in
     warps, max_head = TILE // warp_lanes, MAX_HEAD_SIZE
     state = group * words_per_lane * per_word  # a lane's queries, and its weighted value sums
     words_per_step = steps * words_per_lane
-    unscale = np.float32(unscale)
+    unscale = np.float32(HALF_UNSCALE if decode is _float16_in_word else 1.0)
     state_shared, stats_shared = warps * group * max_head, warps * group * 2
     shared_size, step_scores = state_shared + stats_shared + tile, steps * group  # array sizes: single constants
 
@@ -561,16 +561,15 @@ def _head_grouping(num_heads: int, num_kv_heads: int, head_size: int) -> tuple[i
 
 
 def _words(cache, head_size: int) -> tuple:
-    """(the cache as the unsigned words the kernels read, elements a word, their reader, its unscale):
+    """(the cache as the unsigned words the kernels read, elements a word, their reader):
     two 16-bit elements a 32-bit word where the head size is even, else one a word."""
     array = device_array(cache)
     if array.dtype.itemsize == 4:
-        return array.view(np.uint32), 1, _float32_in_word, 1.0
+        return array.view(np.uint32), 1, _float32_in_word
     reader = _float16_in_word if array.dtype == np.float16 else _bfloat16_in_word
-    unscale = HALF_UNSCALE if array.dtype == np.float16 else 1.0
     if head_size % 2:
-        return array.view(np.uint16), 1, reader, unscale
-    return array.view(np.uint32), 2, reader, unscale
+        return array.view(np.uint16), 1, reader
+    return array.view(np.uint32), 2, reader
 
 
 def _lanes_per_row(words: int) -> int:
@@ -584,11 +583,11 @@ def _prepared(query, k_cache, v_cache) -> tuple:
     """(kernels, keys, values, blocks per KV head) for a launch over these caches."""
     num_heads, head_size = query.shape[1], query.shape[2]
     heads_per_block, blocks_per_kv_head = _head_grouping(num_heads, k_cache.shape[2], head_size)
-    keys, per_word, decode, unscale = _words(k_cache, head_size)
+    keys, per_word, decode = _words(k_cache, head_size)
     values = _words(v_cache, head_size)[0]
     words = keys.shape[3]
     lanes = _lanes_per_row(words)
-    kernels = _attention_kernels(heads_per_block, lanes, -(-words // lanes), per_word, decode, unscale)
+    kernels = _attention_kernels(heads_per_block, lanes, -(-words // lanes), per_word, decode)
     return kernels, keys, values, blocks_per_kv_head
 
 
